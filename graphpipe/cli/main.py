@@ -1,0 +1,44 @@
+"""The `graphpipe` command: argument parsing only; each subcommand lives in its own module.
+
+A command module exposes `add_parser(subparsers)`, which registers its sub-parser and
+sets `func(args) -> int` on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from graphpipe.errors import GraphPipeError
+
+COMMAND_MODULES: tuple[str, ...] = (
+    "graphpipe.cli.capture_cmd",
+    "graphpipe.cli.profile_cmd",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="graphpipe", description="Graph pipeline parallelism: plan, simulate and train DAGs of stages.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in COMMAND_MODULES:
+        importlib.import_module(module_name).add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except GraphPipeError as err:
+        print(f"graphpipe {args.command}: error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Devices, the links between them, and clusters of nodes: the hardware the planner plans for.
+
+A cluster is `num_nodes` nodes of `devices_per_node` identical devices; ranks are numbered
+node by node, so ranks r and r' share a node iff r // devices_per_node == r' // devices_per_node.
+Presets live in `graphpipe.cost.presets`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from graphpipe.errors import ClusterError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Device:
+    """One accelerator (or CPU worker) as the roofline model sees it."""
+
+    name: str
+    peak_tflops: float  # dense matmul throughput in the training dtype
+    mem_bandwidth_gb_per_s: float
+    memory_bytes: int
+    kernel_overhead_us: float  # fixed cost of launching one kernel
+    elementwise_tflops: float = 0.0  # non-matmul throughput; 0 means peak_tflops / 8
+
+    def __post_init__(self) -> None:
+        if min(self.peak_tflops, self.mem_bandwidth_gb_per_s) <= 0 or self.memory_bytes <= 0:
+            raise ClusterError(f"device {self.name!r}: throughput, bandwidth and memory must be positive")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "peak_tflops": self.peak_tflops,
+                "mem_bandwidth_gb_per_s": self.mem_bandwidth_gb_per_s, "memory_bytes": self.memory_bytes,
+                "kernel_overhead_us": self.kernel_overhead_us, "elementwise_tflops": self.elementwise_tflops}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Device:
+        return cls(**dict(data))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Link:
+    """A point-to-point link: sending n bytes takes latency_us + n / bandwidth."""
+
+    name: str
+    latency_us: float
+    bandwidth_gb_per_s: float
+
+    def __post_init__(self) -> None:
+        if self.latency_us < 0 or self.bandwidth_gb_per_s <= 0:
+            raise ClusterError(f"link {self.name!r}: latency must be >= 0 and bandwidth > 0")
+
+    def transfer_ms(self, num_bytes: float) -> float:
+        if num_bytes <= 0:
+            return 0.0
+        return self.latency_us / 1e3 + num_bytes / (self.bandwidth_gb_per_s * 1e9) * 1e3
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "latency_us": self.latency_us, "bandwidth_gb_per_s": self.bandwidth_gb_per_s}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Link:
+        return cls(**dict(data))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cluster:
+    """`num_devices` identical devices, `devices_per_node` per node, two kinds of links."""
+
+    name: str
+    device: Device
+    num_devices: int
+    devices_per_node: int
+    intra_node: Link
+    inter_node: Link
+
+    def __post_init__(self) -> None:
+        if self.num_devices < 1 or self.devices_per_node < 1:
+            raise ClusterError(f"cluster {self.name!r}: needs >= 1 device and >= 1 device per node, "
+                               f"got {self.num_devices} and {self.devices_per_node}")
+
+    @property
+    def num_nodes(self) -> int:
+        return -(-self.num_devices // self.devices_per_node)
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.devices_per_node
+
+    def link(self, rank_a: int, rank_b: int) -> Link:
+        return self.intra_node if self.node_of(rank_a) == self.node_of(rank_b) else self.inter_node
+
+    def group_link(self, ranks: tuple[int, ...]) -> Link:
+        """The slowest link inside a group of ranks (what a ring all-reduce over them runs at)."""
+        nodes = {self.node_of(rank) for rank in ranks}
+        return self.intra_node if len(nodes) <= 1 else self.inter_node
+
+    def with_devices(self, num_devices: int) -> Cluster:
+        return Cluster(name=self.name, device=self.device, num_devices=num_devices,
+                       devices_per_node=self.devices_per_node, intra_node=self.intra_node,
+                       inter_node=self.inter_node)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "device": self.device.to_dict(), "num_devices": self.num_devices,
+                "devices_per_node": self.devices_per_node, "intra_node": self.intra_node.to_dict(),
+                "inter_node": self.inter_node.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Cluster:
+        return cls(name=data["name"], device=Device.from_dict(data["device"]), num_devices=data["num_devices"],
+                   devices_per_node=data["devices_per_node"], intra_node=Link.from_dict(data["intra_node"]),
+                   inter_node=Link.from_dict(data["inter_node"]))
+
+    @staticmethod
+    def preset(name: str, num_devices: int | None = None) -> Cluster:
+        """A named cluster (`summit`, `local-cpu`, `dgx-a100`, ...); see `graphpipe.cost.presets`."""
+        from graphpipe.cost.presets import cluster_preset
+
+        return cluster_preset(name, num_devices)
+
+    def __str__(self) -> str:
+        return (f"{self.name}: {self.num_devices} x {self.device.name} "
+                f"({self.num_nodes} nodes of {self.devices_per_node})")

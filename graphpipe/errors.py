@@ -1,0 +1,43 @@
+"""Errors a user can cause. Each message says what was wrong, the numbers, and what to change."""
+
+from __future__ import annotations
+
+
+class GraphPipeError(Exception):
+    """Base of every error graphpipe raises for bad input or an impossible request."""
+
+
+class GraphCaptureError(GraphPipeError):
+    """The model could not be traced into an operator graph."""
+
+
+class GraphValidationError(GraphPipeError):
+    """An operator graph breaks an invariant (cycle, duplicate name, parameter owned twice)."""
+
+
+class CostError(GraphPipeError):
+    """A cost table is missing an op or a micro-batch size, or a device preset is unknown."""
+
+
+class ClusterError(GraphPipeError):
+    """A cluster description is inconsistent or names an unknown preset."""
+
+
+class PlanningError(GraphPipeError):
+    """No plan satisfies the request (memory, divisibility, device count)."""
+
+
+class PlanValidationError(GraphPipeError):
+    """A plan breaks an invariant (stage not convex, op uncovered, device used twice)."""
+
+
+class ScheduleError(GraphPipeError):
+    """A schedule is malformed or deadlocks."""
+
+
+class ModelLoadError(GraphPipeError):
+    """A zoo name or a `file.py:factory` model spec could not be loaded."""
+
+
+class TrainingError(GraphPipeError):
+    """Distributed training failed: a peer rank died, a plan does not fit the world size."""

@@ -34,6 +34,8 @@ _EXPORTS: dict[str, str] = {
     "simulate": "graphpipe.simulate.simulator",
     "SimResult": "graphpipe.simulate.result",
     "PipelineTrainer": "graphpipe.runtime.trainer",
+    "load_model": "graphpipe.models",
+    "ZooModel": "graphpipe.models",
     "GraphPipeError": "graphpipe.errors",
     "GraphCaptureError": "graphpipe.errors",
     "PlanningError": "graphpipe.errors",

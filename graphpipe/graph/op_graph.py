@@ -26,15 +26,16 @@ class ParamRef:
     num_bytes: int
     shape: tuple[int, ...] = ()
     shared_with: tuple[str, ...] = ()  # other ops that use this parameter too
+    is_buffer: bool = False  # a buffer (e.g. BatchNorm statistics): no gradient, no optimizer state
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "num_bytes": self.num_bytes, "shape": list(self.shape),
-                "shared_with": list(self.shared_with)}
+                "shared_with": list(self.shared_with), "is_buffer": self.is_buffer}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ParamRef:
         return cls(name=data["name"], num_bytes=data["num_bytes"], shape=tuple(data.get("shape", ())),
-                   shared_with=tuple(data.get("shared_with", ())))
+                   shared_with=tuple(data.get("shared_with", ())), is_buffer=bool(data.get("is_buffer", False)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

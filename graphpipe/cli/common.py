@@ -1,0 +1,103 @@
+"""Arguments and loading shared by every command that takes a model: --model, --preset, --batch."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from graphpipe.errors import ModelLoadError
+from graphpipe.graph.op_graph import OpGraph
+from graphpipe.models import ZOO_NAMES, ZooModel, load_model
+from graphpipe.models.user_factory import is_file_spec
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_model_args(parser: argparse.ArgumentParser, *, default_model: str | None = None,
+                   default_preset: str = "tiny") -> None:
+    """--model (zoo name or file.py:factory), --preset, --batch, --set KEY=VALUE, --leaf-module NAME."""
+    parser.add_argument("--model", default=default_model, required=default_model is None,
+                        help=f"zoo model ({', '.join(ZOO_NAMES)}) or path/to/file.py:factory returning "
+                             "(model, inputs, targets, loss_fn)" + (f" (default {default_model})" if default_model
+                                                                     else ""))
+    parser.add_argument("--preset", default=default_preset,
+                        help=f"model size: tiny (seconds on a CPU) or paper (the paper's sizes); "
+                             f"default {default_preset}")
+    parser.add_argument("--batch", type=positive_int, default=None,
+                        help="example batch size (default: the preset's)")
+    parser.add_argument("--set", dest="model_options", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a model option, e.g. --set num_branches=8 (repeatable)")
+    parser.add_argument("--leaf-module", dest="leaf_modules", action="append", default=[], metavar="NAME",
+                        help="keep this submodule (qualified name or class name) as one op (repeatable)")
+
+
+def model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The --set KEY=VALUE pairs, values parsed as JSON where they parse (8, 0.5, true) and text otherwise."""
+    options: dict[str, Any] = {}
+    for item in getattr(args, "model_options", None) or ():
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ModelLoadError(f"--set {item!r}: write KEY=VALUE, e.g. --set num_branches=8")
+        try:
+            options[key] = json.loads(text)
+        except json.JSONDecodeError:
+            options[key] = text
+    return options
+
+
+def load_model_from_args(args: argparse.Namespace, device: str | torch.device | None = None) -> ZooModel:
+    """The model and example batch named by --model/--preset/--batch/--set (seed from --seed if defined)."""
+    return load_model(args.model, args.preset, batch_size=args.batch, device=device,
+                      seed=getattr(args, "seed", 0), **model_options(args))
+
+
+def capture_from_args(args: argparse.Namespace, device: str | torch.device | None = None) -> tuple[ZooModel, OpGraph]:
+    """Load and capture the model. By default zoo models are built on `meta` (no weights allocated) and
+    a user's factory on CPU; pass `device="cpu"` to get a model that can run."""
+    from graphpipe.graph.capture import capture
+
+    if device is None:
+        device = "cpu" if is_file_spec(args.model) else "meta"
+    zoo = load_model_from_args(args, device=device)
+    graph = capture(zoo.model, zoo.inputs, leaf_modules=getattr(args, "leaf_modules", None) or (),
+                    name=graph_name(args))
+    return zoo, graph
+
+
+def graph_name(args: argparse.Namespace) -> str:
+    if is_file_spec(args.model):
+        path, _, factory = args.model.rpartition(":")
+        return f"{Path(path).stem}.{factory}"
+    return f"{args.model}-{args.preset}"
+
+
+def print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=1)
+    sys.stdout.write("\n")
+
+
+def format_bytes(num_bytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(num_bytes) < 1024 or unit == "GiB":
+            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.2f} {unit}"
+        num_bytes /= 1024
+    return f"{num_bytes:.2f} GiB"
+
+
+def format_count(count: float, unit: str = "") -> str:
+    """1234567 -> '1.23 M', with SI prefixes up to P."""
+    for prefix in ("", "k", "M", "G", "T", "P"):
+        if abs(count) < 1000 or prefix == "P":
+            return f"{count:.0f} {prefix}{unit}".rstrip() if prefix == "" else f"{count:.2f} {prefix}{unit}"
+        count /= 1000
+    return f"{count:.2f} P{unit}"

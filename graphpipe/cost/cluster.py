@@ -24,15 +24,20 @@ class Device:
     memory_bytes: int
     kernel_overhead_us: float  # fixed cost of launching one kernel
     elementwise_tflops: float = 0.0  # non-matmul throughput; 0 means peak_tflops / 8
+    matmul_half_rows: float = 64.0  # GEMM rows (M) at which a matmul reaches half of peak_tflops
 
     def __post_init__(self) -> None:
         if min(self.peak_tflops, self.mem_bandwidth_gb_per_s) <= 0 or self.memory_bytes <= 0:
             raise ClusterError(f"device {self.name!r}: throughput, bandwidth and memory must be positive")
+        if min(self.kernel_overhead_us, self.elementwise_tflops, self.matmul_half_rows) < 0:
+            raise ClusterError(f"device {self.name!r}: kernel overhead, elementwise throughput and "
+                               "matmul_half_rows must be >= 0")
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "peak_tflops": self.peak_tflops,
                 "mem_bandwidth_gb_per_s": self.mem_bandwidth_gb_per_s, "memory_bytes": self.memory_bytes,
-                "kernel_overhead_us": self.kernel_overhead_us, "elementwise_tflops": self.elementwise_tflops}
+                "kernel_overhead_us": self.kernel_overhead_us, "elementwise_tflops": self.elementwise_tflops,
+                "matmul_half_rows": self.matmul_half_rows}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Device:

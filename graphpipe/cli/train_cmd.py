@@ -1,0 +1,118 @@
+"""`graphpipe train`: plan (unless --plan is given), then train with torchrun on this machine.
+
+    graphpipe train --model mmt --preset tiny --nproc 4 --steps 50
+    graphpipe train --plan plan.json --nproc 4 --steps 50 --checkpoint-dir ckpt --resume
+
+Many machines: `torchrun <rendezvous flags> -m graphpipe.train --plan plan.json ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from graphpipe.cli.common import format_bytes, positive_int, print_json
+from graphpipe.errors import TrainingError
+from graphpipe.plan.stage_graph import Plan
+
+FORWARDED = ("model", "preset", "steps", "schedule", "lr", "seed", "checkpoint_dir", "save_every", "trace",
+             "timeout", "threads")
+
+
+def add_parser(subparsers: Any) -> None:
+    from graphpipe.train import add_train_args
+
+    parser = subparsers.add_parser(
+        "train", help="train a plan with torch.distributed on this machine (torchrun)",
+        description="Train a model with graph pipeline parallelism, one process per device, on this machine. "
+                    "Plans first (graphpipe planner on the local-cpu cluster, analytic cpu costs) unless --plan "
+                    "is given.")
+    add_train_args(parser)
+    parser.add_argument("--nproc", type=positive_int, required=True, help="processes (devices) to start")
+    parser.add_argument("--plan", default=None, help="plan.json for --nproc devices (default: plan now)")
+    parser.add_argument("--batch", type=positive_int, default=None, help="mini-batch size when planning")
+    parser.add_argument("--planner", default="graphpipe", help="planner when planning (default graphpipe)")
+    parser.add_argument("--json", action="store_true", help="print the per-step metrics as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from graphpipe.runtime.launch import launch
+
+    with tempfile.TemporaryDirectory(prefix="graphpipe-train-") as scratch:
+        if args.plan and not Path(args.plan).is_file():
+            raise TrainingError(f"plan file {args.plan} does not exist; make one with `graphpipe plan -o plan.json`")
+        plan_path = args.plan or _plan_now(args, Path(scratch) / "plan.json")
+        plan = Plan.load(plan_path)
+        if plan.world_size != args.nproc:
+            raise TrainingError(f"the plan uses {plan.world_size} devices but --nproc is {args.nproc}: pass "
+                                f"--nproc {plan.world_size} or a plan made for {args.nproc} devices")
+        metrics_path = Path(scratch) / "metrics.jsonl"
+        result = launch(args.nproc, [*_forwarded(args), "--plan", str(plan_path), "--metrics-out", str(metrics_path)])
+        if result.returncode != 0:
+            raise TrainingError(result.describe())
+        rows = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
+    if args.json:
+        print_json({"plan": str(args.plan or "planned"), "planner": plan.planner, "num_stages": plan.num_stages,
+                    "world_size": plan.world_size, "steps": rows})
+    else:
+        print(render_metrics(rows))
+    return 0
+
+
+def _forwarded(args: argparse.Namespace) -> list[str]:
+    out: list[str] = []
+    for name in FORWARDED:
+        value = getattr(args, name)
+        if value is not None:
+            out += [f"--{name.replace('_', '-')}", str(value)]
+    for item in args.model_options:
+        out += ["--set", item]
+    for leaf in args.leaf_modules:
+        out += ["--leaf-module", leaf]
+    if args.resume:
+        out.append("--resume")
+    return out
+
+
+def _plan_now(args: argparse.Namespace, path: Path) -> str:
+    """Plan the model for --nproc local CPU workers with analytic `cpu` costs; returns the plan's path."""
+    from graphpipe.cli.common import capture_from_args, model_options
+    from graphpipe.cost.analytic import analytic_costs
+    from graphpipe.cost.cluster import Cluster
+    from graphpipe.planning import plan as make_plan
+
+    if not args.model:
+        raise TrainingError("pass --model (or --plan plan.json) so that there is something to train")
+    args.preset = args.preset or "tiny"
+    zoo, graph = capture_from_args(args)
+    batch = args.batch or zoo.batch_size
+    cluster = Cluster.preset("local-cpu", args.nproc)
+    planned = make_plan(graph, analytic_costs(graph, cluster.device), cluster, batch, planner=args.planner)
+    spec = {"model": args.model, "preset": args.preset, "batch": args.batch, "options": model_options(args),
+            "leaf_modules": list(args.leaf_modules), "device": cluster.device.name}
+    planned = dataclasses.replace(planned, model_spec=spec)
+    if planned.world_size != args.nproc:
+        raise TrainingError(f"the {args.planner} planner uses {planned.world_size} of {args.nproc} devices for "
+                            f"{args.model} ({args.preset}) with a mini-batch of {batch}: the model is too small to "
+                            f"gain from more; run with --nproc {planned.world_size}, a larger --batch or preset")
+    planned.save(str(path))
+    print(f"planned {planned}", flush=True)
+    return str(path)
+
+
+def render_metrics(rows: list[dict[str, Any]]) -> str:
+    """One line per step: loss, samples/s, measured and simulated iteration time, peak memory."""
+    head = f"{'step':>5} {'loss':>10} {'samples/s':>10} {'iter ms':>9} {'sim ms':>8} {'peak/rank (max)':>16}"
+    lines = [head]
+    for row in rows:
+        sim = row.get("simulated_iteration_s")
+        sim_text = f"{sim * 1e3:8.1f}" if sim else f"{'-':>8}"
+        peak = max(row.get("peak_memory_bytes") or [0])
+        lines.append(f"{row['step']:>5} {row['loss']:>10.5g} {row['samples_per_s']:>10.1f} "
+                     f"{row['iteration_s'] * 1e3:>9.1f} {sim_text} {format_bytes(peak):>16}")
+    return "\n".join(lines)

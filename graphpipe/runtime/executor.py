@@ -1,0 +1,278 @@
+"""Run one rank's action list for one mini-batch.
+
+Micro-batch m of a stage holds samples [m*b, (m+1)*b) of the mini-batch and this rank
+computes its contiguous share (see `graphpipe.runtime.lowering`). Sends and receives are
+lowered into per-rank-pair pieces; each value crossing an edge is sent as its own tensor,
+values in topological order within a piece. The first time a rank sends a value to a
+peer rank it sends a small header (dtype and trailing shape) first, so receivers need no
+shape inference; gradients travel without header (the receiver sent the activation).
+
+Loss: the sink scales each micro-batch loss by (its samples / mini-batch samples), so the
+sum over micro-batches and data-parallel ranks is the mean loss of the whole mini-batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from graphpipe.errors import TrainingError
+from graphpipe.plan.stage_graph import Plan
+from graphpipe.runtime.comm import Transport
+from graphpipe.runtime.lowering import Piece, message_pieces, share
+from graphpipe.runtime.stage_module import MODEL_OUTPUT, StageModule
+from graphpipe.schedule.action import Action, ActionKind
+
+LossFn = Callable[[Any, Any], torch.Tensor]
+_DTYPES: tuple[torch.dtype, ...] = (
+    torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
+    torch.int8, torch.uint8, torch.bool)
+_HEADER_LEN = 16
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActionEvent:
+    """When one action ran on this rank (seconds on the monotonic clock)."""
+
+    action: Action
+    start_s: float
+    end_s: float
+
+
+@dataclass(slots=True)
+class _MicroBatchState:
+    received: dict[str, list[tuple[int, torch.Tensor]]] = field(default_factory=dict)
+    inputs: dict[str, Any] = field(default_factory=dict)
+    outputs: dict[str, Any] = field(default_factory=dict)
+    grads: dict[str, list[tuple[int, int, torch.Tensor]]] = field(default_factory=dict)  # value -> (dst, start, g)
+    loss: torch.Tensor | None = None
+
+
+class StageExecutor:
+    """Executes a stage's schedule on one rank; keeps value metadata learned from headers across steps."""
+
+    def __init__(self, *, plan: Plan, stage: StageModule, rank: int, transport: Transport, loss_fn: LossFn,
+                 params: Sequence[torch.nn.Parameter] = (), on_step: Callable[[], None] | None = None) -> None:
+        self.plan = plan
+        self.stage = stage
+        self.spec = stage.spec
+        self.rank = rank
+        self.transport = transport
+        self.loss_fn = loss_fn
+        self.params = tuple(params)
+        self.on_step = on_step  # the optimizer step: STEP runs it in its place in the schedule
+        self.stage_info = plan.stages[self.spec.stage_idx]
+        self._known: dict[tuple[int, str], tuple[torch.dtype, tuple[int, ...]]] = {}  # (peer, value) -> meta
+        self._sent_header: set[tuple[int, str]] = set()
+        self.events: list[ActionEvent] = []
+
+    # ---- one mini-batch ----------------------------------------------------------------------
+    def run(self, actions: Sequence[Action], data: Mapping[str, Any], targets: Any) -> torch.Tensor:
+        """Run `actions`; returns this rank's share of the mini-batch loss (0 off the sink)."""
+        self._data, self._targets = data, targets
+        self._states: dict[int, _MicroBatchState] = {}
+        self._local_loss = torch.zeros((), device=self.transport.device)
+        self.events = []
+        for action in actions:
+            start = time.monotonic()
+            try:
+                self._run_action(action)
+            except TrainingError:
+                raise
+            except Exception as err:
+                raise TrainingError(f"rank {self.rank}: action {action} failed: {type(err).__name__}: {err}") \
+                    from err
+            self.events.append(ActionEvent(action=action, start_s=start, end_s=time.monotonic()))
+        self.transport.flush()
+        return self._local_loss
+
+    def _run_action(self, action: Action) -> None:
+        kind = action.kind
+        if kind is ActionKind.FORWARD:
+            self._forward(action.micro_batch)
+        elif kind is ActionKind.BACKWARD:
+            self._backward(action.micro_batch)
+        elif kind is ActionKind.SEND_ACT:
+            self._send_act(action.micro_batch, action.peer)
+        elif kind is ActionKind.RECV_ACT:
+            self._recv_act(action.micro_batch, action.peer)
+        elif kind is ActionKind.SEND_GRAD:
+            self._send_grad(action.micro_batch, action.peer)
+        elif kind is ActionKind.RECV_GRAD:
+            self._recv_grad(action.micro_batch, action.peer)
+        elif kind is ActionKind.ALL_REDUCE:
+            self._all_reduce()
+        elif kind is ActionKind.STEP and self.on_step is not None:
+            self.on_step()
+
+    def _state(self, micro_batch: int) -> _MicroBatchState:
+        return self._states.setdefault(micro_batch, _MicroBatchState())
+
+    def _my_rows(self, micro_batch: int) -> tuple[int, int]:
+        return share(self.stage_info, self.rank, micro_batch)
+
+    def _state_of_sample(self, sample: int) -> tuple[int, _MicroBatchState]:
+        micro_batch = sample // self.stage_info.micro_batch_size
+        return micro_batch, self._state(micro_batch)
+
+    # ---- compute -----------------------------------------------------------------------------
+    def _forward(self, micro_batch: int) -> None:
+        state = self._state(micro_batch)
+        start, stop = self._my_rows(micro_batch)
+        data = {name: _rows(self._data[name], start, stop) for name in self.spec.data_inputs}
+        for name in self.spec.inputs:
+            pieces = sorted(state.received.pop(name, []), key=lambda item: item[0])
+            if sum(t.shape[0] for _, t in pieces) != stop - start:
+                raise TrainingError(f"rank {self.rank}: stage {self.spec.stage_idx} forward {micro_batch} is missing "
+                                    f"input {name!r}: the schedule has no receive for it before the forward")
+            value = torch.cat([t for _, t in pieces]) if len(pieces) > 1 else pieces[0][1]
+            if value.is_floating_point():
+                value.requires_grad_(True)
+            state.inputs[name] = value
+        state.outputs = self.stage(data, state.inputs)
+        if self.spec.is_sink:
+            loss = self.loss_fn(state.outputs.pop(MODEL_OUTPUT), _rows(self._targets, start, stop))
+            state.loss = loss * ((stop - start) / self.plan.global_batch_size)
+            self._local_loss = self._local_loss + state.loss.detach()
+
+    def _backward(self, micro_batch: int) -> None:
+        state = self._states[micro_batch]
+        roots: list[torch.Tensor] = []
+        grads: list[torch.Tensor | None] = []
+        if state.loss is not None:
+            roots.append(state.loss)
+            grads.append(None)
+        for name in self.spec.outputs:
+            value = state.outputs.get(name)
+            if not isinstance(value, torch.Tensor) or not value.requires_grad:
+                continue
+            grad = self._summed_grad(state, name, value)
+            if grad is not None:
+                roots.append(value)
+                grads.append(grad)
+        if roots:
+            torch.autograd.backward(roots, grads)
+        state.outputs = {}
+        state.loss = None
+
+    def _summed_grad(self, state: _MicroBatchState, name: str, value: torch.Tensor) -> torch.Tensor | None:
+        """Gradients from every successor stage, each assembled from its pieces, then summed."""
+        by_dst: dict[int, list[tuple[int, torch.Tensor]]] = {}
+        for dst, start, grad in state.grads.pop(name, []):
+            by_dst.setdefault(dst, []).append((start, grad))
+        total: torch.Tensor | None = None
+        for dst in sorted(by_dst):
+            parts = [g for _, g in sorted(by_dst[dst], key=lambda item: item[0])]
+            grad = torch.cat(parts) if len(parts) > 1 else parts[0]
+            total = grad if total is None else total + grad
+        if total is not None and total.shape != value.shape:
+            raise TrainingError(f"rank {self.rank}: gradient of {name!r} has shape {tuple(total.shape)}, "
+                                f"the value {tuple(value.shape)}")
+        return total
+
+    # ---- activations -------------------------------------------------------------------------
+    def _send_act(self, message: int, dst_stage: int) -> None:
+        values = self.spec.sends.get(dst_stage, ())
+        for piece in self._pieces(dst_stage, message):
+            micro_batch, state = self._state_of_sample(piece.start)
+            offset = self._my_rows(micro_batch)[0]
+            for name in values:
+                tensor = _crossing_tensor(state.outputs.get(name), name, self.spec.stage_idx, dst_stage)
+                self._send_header(piece.peer_rank, name, tensor)
+                self.transport.send(tensor.detach()[piece.start - offset:piece.stop - offset], piece.peer_rank)
+
+    def _recv_act(self, message: int, src_stage: int) -> None:
+        values = self.spec.recvs.get(src_stage, ())
+        for piece in self._pieces(src_stage, message):
+            _, state = self._state_of_sample(piece.start)
+            for name in values:
+                dtype, trailing = self._recv_header(piece.peer_rank, name)
+                tensor = self.transport.recv((piece.stop - piece.start, *trailing), dtype, piece.peer_rank)
+                state.received.setdefault(name, []).append((piece.start, tensor))
+
+    # ---- gradients ---------------------------------------------------------------------------
+    def _send_grad(self, message: int, src_stage: int) -> None:
+        for piece in self._pieces(src_stage, message):
+            micro_batch, state = self._state_of_sample(piece.start)
+            offset = self._my_rows(micro_batch)[0]
+            for name in self.spec.recvs.get(src_stage, ()):
+                value = state.inputs[name]
+                if not value.is_floating_point():
+                    continue
+                grad = value.grad if value.grad is not None else torch.zeros_like(value)
+                self.transport.send(grad[piece.start - offset:piece.stop - offset], piece.peer_rank)
+
+    def _recv_grad(self, message: int, dst_stage: int) -> None:
+        for piece in self._pieces(dst_stage, message):
+            micro_batch, state = self._state_of_sample(piece.start)
+            offset = self._my_rows(micro_batch)[0]
+            for name in self.spec.sends.get(dst_stage, ()):
+                value = state.outputs.get(name)
+                if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+                    continue
+                shape = (piece.stop - piece.start, *value.shape[1:])
+                grad = self.transport.recv(shape, value.dtype, piece.peer_rank)
+                state.grads.setdefault(name, []).append((dst_stage, piece.start - offset, grad))
+
+    def _all_reduce(self) -> None:
+        ranks = self.stage_info.ranks
+        if len(ranks) <= 1:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self.transport.all_reduce_sum_(flat, ranks)
+        pos = 0
+        for param, grad in zip(self.params, grads):
+            count = grad.numel()
+            param.grad = flat[pos:pos + count].view_as(grad).clone()
+            pos += count
+
+    # ---- helpers -----------------------------------------------------------------------------
+    def _pieces(self, peer_stage: int, message: int) -> list[Piece]:
+        return message_pieces(self.plan, self.rank, self.spec.stage_idx, peer_stage, message)
+
+    def _send_header(self, peer: int, name: str, tensor: torch.Tensor) -> None:
+        if (peer, name) in self._sent_header:
+            return
+        header = torch.zeros(_HEADER_LEN, dtype=torch.int64)
+        header[0] = _DTYPES.index(tensor.dtype)
+        header[1] = tensor.dim() - 1
+        header[2:1 + tensor.dim()] = torch.tensor(tensor.shape[1:], dtype=torch.int64)
+        self.transport.send(header.to(self.transport.device), peer)
+        self._sent_header.add((peer, name))
+
+    def _recv_header(self, peer: int, name: str) -> tuple[torch.dtype, tuple[int, ...]]:
+        if (peer, name) not in self._known:
+            header = self.transport.recv((_HEADER_LEN,), torch.int64, peer).cpu().tolist()
+            self._known[(peer, name)] = (_DTYPES[header[0]], tuple(header[2:2 + header[1]]))
+        return self._known[(peer, name)]
+
+
+def _rows(value: Any, start: int, stop: int) -> Any:
+    """Rows [start, stop) of a batch-first tensor, or of every tensor in a tuple, list or dict."""
+    if isinstance(value, torch.Tensor):
+        return value[start:stop]
+    if isinstance(value, (tuple, list)):
+        return type(value)(_rows(item, start, stop) for item in value)
+    if isinstance(value, dict):
+        return {key: _rows(item, start, stop) for key, item in value.items()}
+    return value
+
+
+def _crossing_tensor(value: Any, name: str, src: int, dst: int) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TrainingError(f"value {name!r} crosses from stage {src} to stage {dst} but is a "
+                            f"{type(value).__name__}, not a tensor; only batch-first tensors can cross stages: "
+                            "plan its producer and readers into one stage")
+    if value.dtype not in _DTYPES:
+        raise TrainingError(f"value {name!r} has dtype {value.dtype}, which graphpipe cannot send")
+    if value.dim() == 0 or value.dim() > _HEADER_LEN - 1:
+        raise TrainingError(f"value {name!r} crossing stage {src} -> {dst} has shape {tuple(value.shape)}; "
+                            "it needs a leading batch dimension")
+    return value

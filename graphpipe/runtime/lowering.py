@@ -1,0 +1,59 @@
+"""Rank-level lowering: which samples each rank sends to or receives from which peer rank.
+
+The samples of a stage's micro-batch are split evenly and contiguously over its ranks,
+so the mini-batch is a sequence of *share blocks* of b / d samples: block k belongs to
+micro-batch k // d and to the stage's (k % d)-th rank. A stage-level message (samples
+[n*g, (n+1)*g), see `graphpipe.schedule.messages`) is lowered into *pieces*: the
+intersections of this rank's blocks with the peer stage's blocks, in increasing sample
+order. Both ends compute the same pieces in the same order, so per rank pair the sends
+and receives match one to one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from graphpipe.plan.stage_graph import Plan, Stage
+from graphpipe.schedule.messages import message_samples
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Piece:
+    """Samples [start, stop) of the mini-batch exchanged with `peer_rank`."""
+
+    start: int
+    stop: int
+    peer_rank: int
+
+
+def share(stage: Stage, rank: int, micro_batch: int) -> tuple[int, int]:
+    """The samples [start, stop) of `micro_batch` that `rank` of `stage` computes."""
+    per_rank = stage.micro_batch_size // len(stage.ranks)
+    start = micro_batch * stage.micro_batch_size + stage.ranks.index(rank) * per_rank
+    return start, start + per_rank
+
+
+def blocks(stage: Stage, start: int, stop: int) -> list[Piece]:
+    """The stage's share blocks cut to [start, stop), each with the rank that owns it."""
+    per_rank = stage.micro_batch_size // len(stage.ranks)
+    out = []
+    pos = start
+    while pos < stop:
+        block = pos // per_rank
+        end = min(stop, (block + 1) * per_rank)
+        out.append(Piece(start=pos, stop=end, peer_rank=stage.ranks[block % len(stage.ranks)]))
+        pos = end
+    return out
+
+
+def message_pieces(plan: Plan, rank: int, stage_idx: int, peer_idx: int, message: int) -> list[Piece]:
+    """Pieces of message `message` on the edge between `stage_idx` and `peer_idx`, seen from `rank`."""
+    src, dst = sorted((stage_idx, peer_idx))
+    per_message = message_samples(plan, src, dst)
+    stage, peer = plan.stages[stage_idx], plan.stages[peer_idx]
+    msg_start, msg_stop = message * per_message, (message + 1) * per_message
+    pieces: list[Piece] = []
+    for mine in blocks(stage, msg_start, msg_stop):
+        if mine.peer_rank == rank:
+            pieces += blocks(peer, mine.start, mine.stop)
+    return pieces

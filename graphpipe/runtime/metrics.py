@@ -1,0 +1,44 @@
+"""Per-step training metrics (rank 0 reports them) and the peak memory of this rank."""
+
+from __future__ import annotations
+
+import resource
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepMetrics:
+    step: int  # steps done after this one
+    loss: float
+    iteration_s: float
+    samples_per_s: float
+    simulated_iteration_s: float | None  # the simulator's prediction for the plan, if it could run
+    peak_memory_bytes: tuple[int, ...]  # per rank
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "loss": self.loss, "iteration_s": self.iteration_s,
+                "samples_per_s": self.samples_per_s, "simulated_iteration_s": self.simulated_iteration_s,
+                "peak_memory_bytes": list(self.peak_memory_bytes)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StepMetrics:
+        return cls(step=data["step"], loss=data["loss"], iteration_s=data["iteration_s"],
+                   samples_per_s=data["samples_per_s"], simulated_iteration_s=data.get("simulated_iteration_s"),
+                   peak_memory_bytes=tuple(data.get("peak_memory_bytes", ())))
+
+    def short(self) -> str:
+        sim = f" sim {self.simulated_iteration_s * 1e3:.1f} ms" if self.simulated_iteration_s else ""
+        return (f"loss {self.loss:.4g} | {self.samples_per_s:.1f} samples/s | {self.iteration_s * 1e3:.1f} ms"
+                f"{sim} | peak {max(self.peak_memory_bytes, default=0) / 2**20:.0f} MiB")
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak allocated memory on a CUDA device; on CPU the process's peak resident set size."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)

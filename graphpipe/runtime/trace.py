@@ -1,0 +1,42 @@
+"""A Chrome trace of the real execution on one rank, in the simulator's format.
+
+Process = stage, thread = rank, one complete event ("X") per action with its name
+without the stage prefix ("F3", "SF3>s4"), times in microseconds from the first step.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from graphpipe.runtime.executor import ActionEvent
+from graphpipe.schedule.action import ActionKind
+from graphpipe.serde import write_json_atomic
+
+_CATEGORY = {ActionKind.FORWARD: "compute", ActionKind.BACKWARD: "compute", ActionKind.SEND_ACT: "send",
+             ActionKind.SEND_GRAD: "send", ActionKind.RECV_ACT: "recv", ActionKind.RECV_GRAD: "recv",
+             ActionKind.ALL_REDUCE: "allreduce", ActionKind.STEP: "step"}
+
+
+def rank_trace(rank: int, stage_idx: int, steps: Sequence[Sequence[ActionEvent]], origin_s: float) -> dict[str, Any]:
+    """Events of every recorded step; `origin_s` is the monotonic time that becomes ts = 0."""
+    events: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "pid": stage_idx, "tid": rank, "args": {"name": f"stage {stage_idx}"}},
+        {"name": "process_sort_index", "ph": "M", "pid": stage_idx, "tid": rank, "args": {"sort_index": stage_idx}},
+        {"name": "thread_name", "ph": "M", "pid": stage_idx, "tid": rank, "args": {"name": f"rank {rank}"}}]
+    for step_idx, step in enumerate(steps):
+        for event in step:
+            action = event.action
+            events.append({"name": str(action).split(".", 1)[1], "cat": _CATEGORY[action.kind], "ph": "X",
+                           "pid": stage_idx, "tid": rank, "ts": (event.start_s - origin_s) * 1e6,
+                           "dur": max((event.end_s - event.start_s) * 1e6, 0.0),
+                           "args": {"action": str(action), "micro_batch": action.micro_batch, "step": step_idx}})
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"rank": rank, "stage": stage_idx}}
+
+
+def write_rank_trace(directory: str | os.PathLike[str], rank: int, stage_idx: int,
+                     steps: Sequence[Sequence[ActionEvent]], origin_s: float) -> str:
+    path = os.path.join(directory, f"rank_{rank}.json")
+    write_json_atomic(path, rank_trace(rank, stage_idx, steps, origin_s))
+    return path

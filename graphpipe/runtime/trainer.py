@@ -1,0 +1,170 @@
+"""PipelineTrainer: train a planned stage graph, one process per rank, with single-device numerics.
+
+Every rank builds the whole model (same seed), traces it, and keeps the stage its rank
+belongs to; the optimizer only sees that stage's parameters. One `step` runs the rank's
+action list for the mini-batch, all-reduces gradients inside the stage's data-parallel
+group, steps the optimizer once, and returns the mini-batch mean loss on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from graphpipe.errors import ScheduleError, TrainingError
+from graphpipe.graph.tracer import trace_module
+from graphpipe.plan.stage_graph import Plan
+from graphpipe.runtime.checkpoint import load_stage, save_stage
+from graphpipe.runtime.comm import DistTransport, Transport
+from graphpipe.runtime.executor import LossFn, StageExecutor
+from graphpipe.runtime.stage_module import StageModule, split_stages
+from graphpipe.schedule.action import Action, ActionKind
+from graphpipe.schedule.schedule import Schedule
+
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+class PipelineTrainer:
+    """Runs this rank's stage of `plan`; `step(inputs, targets) -> float` trains one mini-batch.
+
+    `transport` and `rank` replace torch.distributed (single-process tests with an
+    `InMemoryHub`); otherwise a process group must be initialised and its size must equal
+    the plan's world size. Data-parallel groups are created for every stage with more than
+    one rank, in stage order, on every rank.
+    """
+
+    def __init__(self, model: nn.Module, plan: Plan, *, optimizer: OptimizerFactory, loss_fn: LossFn,
+                 schedule: str | Schedule = "1f1b", leaf_modules: Iterable[type | str] = (),
+                 device: torch.device | str | None = None, process_group: Any = None,
+                 transport: Transport | None = None, rank: int | None = None) -> None:
+        self.plan = plan
+        self.device = torch.device(device) if device is not None else _default_device()
+        if transport is None:
+            transport, rank = self._dist_transport(process_group)
+        assert rank is not None, "pass rank= together with transport="
+        self.rank = rank
+        self.transport = transport
+        self.stage_info = plan.stage_of_rank(rank)
+        traced = trace_module(model, leaf_modules)
+        self.input_names = tuple(node.name for node in traced.graph.nodes if node.op == "placeholder")
+        self.stage: StageModule = split_stages(traced, plan)[self.stage_info.idx]
+        self.stage.module.to(self.device)
+        self.schedule = _make_schedule(plan, schedule)
+        self.actions: tuple[Action, ...] = self.schedule.for_stage(self.stage_info.idx)
+        if [a.kind for a in self.actions].count(ActionKind.STEP) != 1:
+            raise ScheduleError(f"stage {self.stage_info.idx}'s action list must hold exactly one STEP (after AR); "
+                                "regenerate the schedule")
+        params = [param for _, param in self.stage.named_parameters()]
+        # a stage without parameters (a parameter-free merge, say) has nothing to optimise
+        self.optimizer: torch.optim.Optimizer | None = optimizer(params) if params else None
+        self.executor = StageExecutor(plan=plan, stage=self.stage, rank=rank, transport=transport,
+                                      loss_fn=loss_fn, params=params, on_step=self._optimizer_step)
+        self.step_count = 0
+
+    def _dist_transport(self, process_group: Any) -> tuple[Transport, int]:
+        if not dist.is_initialized():
+            raise TrainingError("PipelineTrainer needs an initialised process group: run under torchrun, or call "
+                                "torch.distributed.init_process_group first")
+        world = dist.get_world_size(process_group)
+        if world != self.plan.world_size:
+            raise TrainingError(f"the plan was made for {self.plan.world_size} ranks but the process group has "
+                                f"{world}; re-plan for {world} devices or launch {self.plan.world_size} processes")
+        if process_group is not None and world != dist.get_world_size():
+            raise TrainingError("PipelineTrainer runs on the whole world; a process group smaller than the world "
+                                f"({world} of {dist.get_world_size()} ranks) is not supported")
+        groups: dict[tuple[int, ...], Any] = {}
+        for stage in self.plan.stages:  # every rank creates every group, in the same order
+            if len(stage.ranks) > 1:
+                groups[tuple(stage.ranks)] = dist.new_group(list(stage.ranks))
+        dist.barrier()  # NCCL: the first batched point-to-point call must not be the group's first call
+        return DistTransport(device=self.device, groups=groups), dist.get_rank()
+
+    # ---- training ----------------------------------------------------------------------------
+    def step(self, inputs: Any, targets: Any) -> float:
+        """Train on one mini-batch (batch first, every rank passes the same batch); the mean loss."""
+        data = self._named_inputs(inputs)
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        local = self.executor.run(self.actions, data, _to(targets, self.device) if self.stage.spec.is_sink else None)
+        self.step_count += 1
+        total = local.detach().clone().reshape(1).to(self.device)
+        self.transport.all_reduce_sum_(total, tuple(range(self.plan.world_size)))
+        return float(total.item())
+
+    def _named_inputs(self, inputs: Any) -> dict[str, Any]:
+        values = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+        names = self.input_names
+        if len(values) != len(names):
+            raise TrainingError(f"the model takes {len(names)} inputs ({', '.join(names)}), step got {len(values)}")
+        for value in values:
+            if isinstance(value, torch.Tensor) and value.shape[0] != self.plan.global_batch_size:
+                raise TrainingError(f"the plan trains mini-batches of {self.plan.global_batch_size} samples, "
+                                    f"step got an input with {value.shape[0]}; pass the planned batch size")
+        wanted = set(self.stage.spec.data_inputs)
+        return {name: _to(value, self.device) for name, value in zip(names, values) if name in wanted}
+
+    def _optimizer_step(self) -> None:
+        if self.optimizer is not None:
+            self.optimizer.step()
+
+    # ---- this rank's stage -------------------------------------------------------------------
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """This rank's stage parameters under the model's original names."""
+        yield from self.stage.named_parameters()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Parameters and buffers of this rank's stage under the model's original names."""
+        state = {name: param.detach() for name, param in self.stage.named_parameters()}
+        state.update({name: buffer.detach() for name, buffer in self.stage.named_buffers()})
+        return state
+
+    @property
+    def stage_idx(self) -> int:
+        return self.stage_info.idx
+
+    @property
+    def is_stage_leader(self) -> bool:
+        return self.rank == self.stage_info.ranks[0]
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def save(self, directory: str) -> None:
+        """Write this step's checkpoint into `directory`; the `complete` marker comes last."""
+        save_stage(directory, self, barrier=self.barrier)
+
+    def load(self, directory: str) -> None:
+        """Restore parameters, optimizer state and step count from a complete checkpoint."""
+        load_stage(directory, self)
+
+    def barrier(self) -> None:
+        token = torch.zeros(1, device=self.device)
+        self.transport.all_reduce_sum_(token, tuple(range(self.plan.world_size)))
+        self.transport.flush()
+
+
+def _make_schedule(plan: Plan, schedule: str | Schedule) -> Schedule:
+    if isinstance(schedule, Schedule):
+        return schedule
+    from graphpipe.schedule.generate import make_schedule
+
+    return make_schedule(plan, schedule)
+
+
+def _default_device() -> torch.device:
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to(item, device) for item in value)
+    if isinstance(value, dict):
+        return {key: _to(item, device) for key, item in value.items()}
+    return value
+

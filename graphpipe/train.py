@@ -1,0 +1,248 @@
+"""`python -m graphpipe.train`: one rank of a pipeline training run, started by torchrun.
+
+    torchrun --nproc-per-node 4 -m graphpipe.train --plan plan.json --steps 50
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint host:29500 ... -m graphpipe.train --plan plan.json
+
+The model comes from --model/--preset (default: the plan's `model_spec`), built with the
+same seed on every rank. Data is synthetic: the model's example batch of the plan's
+mini-batch size, its rows shuffled every step by a generator seeded with (seed, step).
+Rank 0 shows a progress bar and writes per-step metrics (--metrics-out, JSON lines).
+A rank that fails prints `rank R: error: ...` and exits non-zero; torchrun stops the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from graphpipe.errors import GraphPipeError, TrainingError
+from graphpipe.plan.stage_graph import Plan
+
+KILL_ENV = "GRAPHPIPE_KILL_AT"  # "RANK:STEP": that rank kills itself at that step (fault-injection tests)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m graphpipe.train", description=__doc__.split("\n\n")[0])
+    add_train_args(parser)
+    parser.add_argument("--plan", required=True, help="plan.json made for this world size")
+    parser.add_argument("--metrics-out", default=None, help="rank 0 appends one JSON line per step here")
+    return parser
+
+
+def add_train_args(parser: argparse.ArgumentParser) -> None:
+    """The options `graphpipe train` forwards to every rank."""
+    parser.add_argument("--model", default=None, help="zoo name or path/to/file.py:factory (default: the plan's)")
+    parser.add_argument("--preset", default=None, help="model size preset (default: the plan's, else tiny)")
+    parser.add_argument("--set", dest="model_options", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a model option (repeatable)")
+    parser.add_argument("--leaf-module", dest="leaf_modules", action="append", default=[], metavar="NAME",
+                        help="keep this submodule as one op (repeatable; must match how the plan was made)")
+    parser.add_argument("--steps", type=int, default=10, help="train until this many steps are done")
+    parser.add_argument("--schedule", default=None, help="1f1b, gpipe or kfkb (default: the plan's)")
+    parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    parser.add_argument("--seed", type=int, default=0, help="model weights and data shuffling")
+    parser.add_argument("--checkpoint-dir", default=None, help="save step_N/ checkpoints here")
+    parser.add_argument("--save-every", type=int, default=0, help="also save every N steps (0: only at the end)")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
+    parser.add_argument("--trace", default=None, metavar="DIR", help="write a Chrome trace per rank into DIR")
+    parser.add_argument("--timeout", type=float, default=60.0, help="process-group timeout in seconds")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        run(args)
+    except GraphPipeError as err:
+        print(f"graphpipe train: rank {rank}: error: {err}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+def run(args: argparse.Namespace) -> None:
+    torch.set_num_threads(args.threads)
+    plan = Plan.load(args.plan)
+    device = _init_process_group(args.timeout)
+    zoo = _load_model(args, plan)
+    trainer = _make_trainer(args, plan, zoo, device)
+    if args.resume and args.checkpoint_dir:
+        _resume(trainer, args.checkpoint_dir)
+    _train_loop(args, plan, trainer, zoo)
+
+
+def _init_process_group(timeout_s: float) -> torch.device:
+    if "RANK" not in os.environ:
+        raise TrainingError("python -m graphpipe.train runs under torchrun (RANK is not set); use "
+                            "`graphpipe train --nproc N` or `torchrun --nproc-per-node N -m graphpipe.train ...`")
+    use_cuda = torch.cuda.is_available()
+    device = torch.device("cpu")
+    if use_cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=timeout_s))
+    return device
+
+
+def _load_model(args: argparse.Namespace, plan: Plan) -> Any:
+    from graphpipe.models import load_model
+
+    spec = dict(plan.model_spec)
+    name = args.model or spec.get("model")
+    if not name:
+        raise TrainingError("no model: pass --model (the plan does not record which model it was made for)")
+    options = {**dict(spec.get("options") or {}), **_parse_options(args.model_options)}
+    args.leaf_modules = args.leaf_modules or list(spec.get("leaf_modules") or ())
+    return load_model(name, args.preset or spec.get("preset") or "tiny", batch_size=plan.global_batch_size,
+                      device="cpu", seed=args.seed, **options)
+
+
+def _parse_options(items: list[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in items:
+        key, _, text = item.partition("=")
+        try:
+            options[key] = json.loads(text)
+        except json.JSONDecodeError:
+            options[key] = text
+    return options
+
+
+def _make_trainer(args: argparse.Namespace, plan: Plan, zoo: Any, device: torch.device) -> Any:
+    from graphpipe.runtime.trainer import PipelineTrainer
+
+    lr = args.lr
+    return PipelineTrainer(zoo.model, plan, optimizer=lambda ps: torch.optim.Adam(ps, lr=lr), loss_fn=zoo.loss_fn,
+                           schedule=args.schedule or plan.schedule, leaf_modules=args.leaf_modules, device=device)
+
+
+def _resume(trainer: Any, checkpoint_dir: str) -> None:
+    from graphpipe.runtime.checkpoint import latest_complete
+
+    latest = latest_complete(checkpoint_dir)
+    if latest is None:
+        raise TrainingError(f"--resume: no complete checkpoint under {checkpoint_dir}")
+    trainer.load(str(latest))
+    if dist.get_rank() == 0:
+        print(f"resumed from {latest} (step {trainer.step_count})", file=sys.stderr, flush=True)
+
+
+def shuffled_batch(zoo: Any, seed: int, step: int) -> tuple[Any, Any]:
+    """The example batch with its rows permuted by a generator seeded with (seed, step)."""
+    size = zoo.inputs[0].shape[0]
+    perm = torch.randperm(size, generator=torch.Generator().manual_seed(seed * 1_000_003 + step))
+    return _take(zoo.inputs, perm), _take(zoo.targets, perm)
+
+
+def _take(value: Any, perm: torch.Tensor) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value[perm]
+    if isinstance(value, (tuple, list)):
+        return type(value)(_take(item, perm) for item in value)
+    if isinstance(value, dict):
+        return {key: _take(item, perm) for key, item in value.items()}
+    return value
+
+
+def _train_loop(args: argparse.Namespace, plan: Plan, trainer: Any, zoo: Any) -> None:
+    from graphpipe.runtime.metrics import StepMetrics, peak_memory_bytes
+
+    rank = dist.get_rank()
+    simulated = simulated_iteration_s(plan, zoo, trainer.schedule, args.leaf_modules) if rank == 0 else None
+    bar = _progress(rank, trainer.step_count, args.steps)
+    traced: list[Any] = []
+    origin = time.monotonic()
+    kill_rank, kill_step = _kill_point()
+    for step in range(trainer.step_count, args.steps):
+        inputs, targets = shuffled_batch(zoo, args.seed, step)
+        if (rank, step) == (kill_rank, kill_step):
+            os.kill(os.getpid(), signal.SIGKILL)
+        start = time.perf_counter()
+        loss = trainer.step(inputs, targets)
+        elapsed = time.perf_counter() - start
+        peaks = _gather_peaks(peak_memory_bytes(trainer.device), trainer.device)
+        if args.trace:
+            traced.append(list(trainer.executor.events))
+        metrics = StepMetrics(step=step + 1, loss=loss, iteration_s=elapsed,
+                              samples_per_s=plan.global_batch_size / elapsed, simulated_iteration_s=simulated,
+                              peak_memory_bytes=peaks)
+        if rank == 0:
+            _report(args, bar, metrics)
+        if args.checkpoint_dir and _should_save(args, step + 1):
+            trainer.save(str(Path(args.checkpoint_dir) / f"step_{step + 1}"))
+    if bar is not None:
+        bar.close()
+    if args.trace:
+        from graphpipe.runtime.trace import write_rank_trace
+
+        write_rank_trace(args.trace, rank, trainer.stage_idx, traced, origin)
+
+
+def simulated_iteration_s(plan: Plan, zoo: Any, schedule: Any, leaf_modules: Any) -> float | None:
+    """The simulator's iteration time for the plan (analytic costs on the plan's cluster), or None."""
+    try:
+        from graphpipe.cost.analytic import analytic_costs
+        from graphpipe.cost.cluster import Cluster
+        from graphpipe.graph.capture import capture
+        from graphpipe.simulate.simulator import simulate
+
+        cluster = Cluster.from_dict(plan.cluster)
+        graph = capture(zoo.model, zoo.inputs, leaf_modules=leaf_modules or ())
+        sizes = sorted({stage.micro_batch_size for stage in plan.stages})
+        costs = analytic_costs(graph, cluster.device, micro_batch_sizes=sizes)
+        return float(simulate(plan, costs, cluster, schedule).iteration_time_s)
+    except (GraphPipeError, ImportError, KeyError, TypeError) as err:
+        print(f"graphpipe train: no simulated time ({type(err).__name__}: {err})", file=sys.stderr)
+        return None
+
+
+def _should_save(args: argparse.Namespace, done: int) -> bool:
+    return done == args.steps or (args.save_every > 0 and done % args.save_every == 0)
+
+
+def _kill_point() -> tuple[int, int]:
+    text = os.environ.get(KILL_ENV, "")
+    if not text:
+        return -1, -1
+    rank, _, step = text.partition(":")
+    return int(rank), int(step)
+
+
+def _gather_peaks(own: int, device: torch.device) -> tuple[int, ...]:
+    mine = torch.tensor([own], dtype=torch.int64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return tuple(int(t.item()) for t in every)
+
+
+def _progress(rank: int, start: int, total: int) -> Any:
+    if rank != 0:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=start, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
+
+
+def _report(args: argparse.Namespace, bar: Any, metrics: Any) -> None:
+    bar.set_postfix_str(metrics.short(), refresh=False)
+    bar.update(1)
+    if args.metrics_out:
+        with open(args.metrics_out, "a") as handle:
+            handle.write(json.dumps(metrics.to_dict()) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

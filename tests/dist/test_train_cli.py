@@ -1,0 +1,79 @@
+"""`graphpipe train` end to end under torchrun: a killed rank, then --resume from the last complete checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from graphpipe.models import load_model
+from graphpipe.runtime.checkpoint import latest_complete, read_complete
+from graphpipe.train import KILL_ENV, shuffled_batch
+from tests.runtime.helpers import by_target, plan_from
+
+pytestmark = pytest.mark.dist
+LR = 0.01
+NUM_STEPS = 5
+
+
+def _plan_file(tmp_path: Path) -> Path:
+    zoo = load_model("toy_diamond", "tiny", batch_size=8)
+    plan = plan_from(zoo.model, by_target([("stem", 0), ("left", 1), ("right", 2), ("add", 2)]),
+                     [(0,), (1,), (2,)], micro_batch_size=2, global_batch_size=8)
+    plan = dataclasses.replace(plan, model_spec={"model": "toy_diamond", "preset": "tiny"})
+    path = tmp_path / "plan.json"
+    plan.save(str(path))
+    return path
+
+
+def _train(plan: Path, ckpt: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "graphpipe.cli.main", "train", "--plan", str(plan), "--nproc", "3",
+               "--steps", str(NUM_STEPS), "--lr", str(LR), "--checkpoint-dir", str(ckpt), "--save-every", "1",
+               "--json", *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=240, env={**os.environ, **(env or {})})
+
+
+def _reference_losses() -> list[float]:
+    zoo = load_model("toy_diamond", "tiny", batch_size=8, seed=0)
+    optimizer = torch.optim.Adam(zoo.model.parameters(), lr=LR)
+    losses = []
+    for step in range(NUM_STEPS):
+        inputs, targets = shuffled_batch(zoo, 0, step)
+        optimizer.zero_grad()
+        loss = zoo.loss_fn(zoo.model(*inputs), targets)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_a_killed_rank_ends_the_run_and_resume_continues_from_the_last_complete_checkpoint(tmp_path: Path) -> None:
+    plan, ckpt = _plan_file(tmp_path), tmp_path / "ckpt"
+    start = time.monotonic()
+    killed = _train(plan, ckpt, env={KILL_ENV: "1:3"})
+    elapsed = time.monotonic() - start
+    assert killed.returncode != 0
+    assert elapsed < 60, f"the run took {elapsed:.0f} s to end after a rank died"
+    assert "error: rank 1 failed (killed by SIGKILL)" in killed.stderr, killed.stderr[-3000:]
+    latest = latest_complete(ckpt)
+    assert latest is not None and latest.name == "step_3"
+    assert read_complete(latest)["step"] == 3
+
+    resumed = _train(plan, ckpt, "--resume", "--trace", str(tmp_path / "trace"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    steps = json.loads(resumed.stdout)["steps"]
+    assert [row["step"] for row in steps] == [4, 5]
+    expected = _reference_losses()[3:]
+    assert [row["loss"] for row in steps] == pytest.approx(expected, rel=1e-5)
+    assert all(len(row["peak_memory_bytes"]) == 3 and row["samples_per_s"] > 0 for row in steps)
+    for rank in range(3):  # one Chrome trace per rank, one complete event per action
+        events = json.loads((tmp_path / "trace" / f"rank_{rank}.json").read_text())["traceEvents"]
+        names = [e["name"] for e in events if e["ph"] == "X"]
+        assert names.count("STEP") == 2 and "F0" in names and "B3" in names

@@ -1,0 +1,175 @@
+"""Training scenarios shared by the single-process executor tests and the multi-process tests."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from graphpipe.plan.stage_graph import Plan
+from tests.runtime.helpers import Branches, Chain, TwoInputs, by_target, plan_from
+
+LR = 1e-2
+_PLANS: dict[str, Plan] = {}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scenario:
+    name: str
+    make_model: Callable[[], nn.Module]
+    make_plan: Callable[[nn.Module], Plan]
+    make_batches: Callable[[int], list[tuple[Any, torch.Tensor]]]
+    schedules: tuple[str, ...] = ("1f1b", "gpipe")
+    loss_fn: Callable[[Any, Any], torch.Tensor] = field(default=lambda out, target: mse(out, target))
+
+    @property
+    def world_size(self) -> int:
+        return self.plan().world_size
+
+    def plan(self) -> Plan:
+        if self.name not in _PLANS:
+            _PLANS[self.name] = self.make_plan(self.model())
+        return _PLANS[self.name]
+
+    def model(self) -> nn.Module:
+        torch.manual_seed(1234)
+        return self.make_model()
+
+
+def _batches(batch: int, *, tokens: bool = False) -> Callable[[int], list[tuple[Any, torch.Tensor]]]:
+    def make(num_steps: int) -> list[tuple[Any, torch.Tensor]]:
+        gen = torch.Generator().manual_seed(99)
+        out: list[tuple[Any, torch.Tensor]] = []
+        for _ in range(num_steps):
+            x = torch.randn(batch, 8, generator=gen)
+            y = torch.randn(batch, 3, generator=gen)
+            inputs: Any = (torch.randint(0, 11, (batch, 5), generator=gen), x) if tokens else x
+            out.append((inputs, y))
+        return out
+
+    return make
+
+
+def _zoo(name: str, batch: int) -> Any:
+    from graphpipe.models import load_model
+
+    return load_model(name, "tiny", batch_size=batch, seed=0)
+
+
+def _zoo_batches(name: str, batch: int) -> Callable[[int], list[tuple[Any, Any]]]:
+    def make(num_steps: int) -> list[tuple[Any, Any]]:
+        from graphpipe.train import shuffled_batch
+
+        zoo = _zoo(name, batch)
+        return [shuffled_batch(zoo, 0, step) for step in range(num_steps)]
+
+    return make
+
+
+def _planned(name: str, planner: str, num_devices: int, batch: int) -> Callable[[nn.Module], Plan]:
+    """A plan from graphpipe's own planner (analytic cpu costs, local-cpu cluster)."""
+
+    def make(model: nn.Module) -> Plan:
+        from graphpipe.cost.analytic import analytic_costs
+        from graphpipe.cost.cluster import Cluster
+        from graphpipe.graph.capture import capture
+        from graphpipe.planning import plan
+
+        zoo = _zoo(name, batch)
+        graph = capture(zoo.model, zoo.inputs)
+        cluster = Cluster.preset("local-cpu", num_devices)
+        return plan(graph, analytic_costs(graph, cluster.device), cluster, batch, planner=planner)
+
+    return make
+
+
+def _zoo_scenario(name: str, tag: str, make_plan: Callable[[nn.Module], Plan], batch: int) -> Scenario:
+    loss = _zoo(name, 2).loss_fn
+    return Scenario(name=tag, make_model=lambda: _zoo(name, batch).model, make_plan=make_plan,
+                    make_batches=_zoo_batches(name, batch), loss_fn=loss)
+
+
+def mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(output, target)
+
+
+ZOO_SCENARIOS: tuple[Scenario, ...] = (
+    _zoo_scenario("toy_diamond", "toy_diamond3", lambda m: plan_from(
+        m, by_target([("stem", 0), ("left", 1), ("right", 2), ("add", 2)]), [(0,), (1,), (2,)],
+        micro_batch_size=2, global_batch_size=8), 8),
+    _zoo_scenario("toy_branches", "toy_branches4", lambda m: plan_from(
+        m, by_target([("branches.0", 0), ("branches.1", 1), ("branches.2", 2), ("cat", 3)]),
+        [(0,), (1,), (2,), (3,)], micro_batch_size=2, global_batch_size=8), 8),
+    _zoo_scenario("mmt", "mmt_planned4", _planned("mmt", "graphpipe", 4, 8), 8),
+    _zoo_scenario("transformer", "transformer_seq4", _planned("transformer", "sequential", 4, 8), 8),
+)
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    *ZOO_SCENARIOS,
+    Scenario(name="chain2", make_model=Chain, make_batches=_batches(8),
+             make_plan=lambda m: plan_from(m, by_target([("layers.0", 0), ("layers.2", 1)]), [(0,), (1,)],
+                                           micro_batch_size=2, global_batch_size=8)),
+    Scenario(name="diamond3", make_model=lambda: Branches(num_branches=2), make_batches=_batches(8),
+             make_plan=lambda m: plan_from(m, by_target([("stem", 0), ("towers.0", 1), ("towers.1", 2), ("cat", 2)]),
+                                           [(0,), (1,), (2,)], micro_batch_size=2, global_batch_size=8)),
+    Scenario(name="branches4", make_model=Branches, make_batches=_batches(8),
+             make_plan=lambda m: plan_from(m, by_target([("stem", 0), ("towers.0", 1), ("towers.1", 2),
+                                                         ("towers.2", 3), ("cat", 3)]),
+                                           [(0,), (1,), (2,), (3,)], micro_batch_size=4, global_batch_size=8)),
+    Scenario(name="dp_stage3", make_model=Chain, make_batches=_batches(8),
+             make_plan=lambda m: plan_from(m, by_target([("layers.0", 0), ("layers.2", 1)]), [(0, 1), (2,)],
+                                           micro_batch_size=4, global_batch_size=8)),
+    Scenario(name="dp_sink4", make_model=lambda: Branches(num_branches=2), make_batches=_batches(12),
+             make_plan=lambda m: plan_from(m, by_target([("stem", 0), ("towers.0", 1), ("towers.1", 0),
+                                                         ("cat", 2)]),
+                                           [(0,), (1,), (2, 3)], micro_batch_size=6, global_batch_size=12)),
+    Scenario(name="kfkb3", make_model=Chain, make_batches=_batches(8),
+             make_plan=lambda m: plan_from(m, by_target([("layers.0", 0), ("layers.1", 1), ("layers.3", 2)]),
+                                           [(0,), (1, 2), (3,)], micro_batch_size=(2, 4, 8), global_batch_size=8),
+             schedules=("gpipe",)),
+    Scenario(name="split3", make_model=lambda: Branches(num_branches=2), make_batches=_batches(8),
+             make_plan=lambda m: plan_from(m, by_target([("stem", 0), ("towers.0", 1), ("towers.1", 2), ("cat", 2)]),
+                                           [(0,), (1,), (2,)], micro_batch_size=(4, 2, 2), global_batch_size=8),
+             schedules=("1f1b", "gpipe", "kfkb")),
+    Scenario(name="two_inputs3", make_model=TwoInputs, make_batches=_batches(6, tokens=True),
+             make_plan=lambda m: plan_from(m, by_target([("emb", 0), ("a", 1), ("add", 2)]), [(0,), (1,), (2,)],
+                                           micro_batch_size=3, global_batch_size=6)),
+)}
+
+
+def reference(scenario: Scenario, num_steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Losses and final parameters of single-process Adam training on the same batches."""
+    model = scenario.model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    losses = []
+    for inputs, targets in scenario.make_batches(num_steps):
+        optimizer.zero_grad()
+        args = inputs if isinstance(inputs, tuple) else (inputs,)
+        loss = scenario.loss_fn(model(*args), targets)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def compare(losses: list[float], params: dict[str, torch.Tensor], expected_losses: list[float],
+            expected_params: dict[str, torch.Tensor], *, rtol: float = 1e-5) -> list[str]:
+    """Human-readable mismatches (empty when the pipeline equals the reference)."""
+    problems = []
+    for step, (got, want) in enumerate(zip(losses, expected_losses)):
+        if abs(got - want) > rtol * max(abs(want), 1e-6):
+            problems.append(f"loss at step {step}: {got!r} != {want!r}")
+    for name, tensor in params.items():
+        want_t = expected_params[name]
+        rel = float((tensor.cpu() - want_t).norm() / want_t.norm().clamp_min(1e-12))
+        if rel > rtol:
+            problems.append(f"parameter {name}: relative error {rel:.3g}")
+    return problems
+
+
+def clone_model(model: nn.Module) -> nn.Module:
+    return copy.deepcopy(model)

@@ -1,0 +1,52 @@
+"""The launcher names the failed rank from torchrun's summary or the rank's own error line."""
+
+from __future__ import annotations
+
+import sys
+
+from graphpipe.runtime.launch import parse_failure, torchrun_command
+
+TORCHRUN_SUMMARY = """
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+graphpipe.train FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-01-01_00:00:00
+  host      : box
+  rank      : 2 (local_rank: 2)
+  exitcode  : -9 (pid: 4242)
+  error_file: <N/A>
+============================================================
+"""
+
+
+def test_a_killed_rank_is_named_with_its_signal() -> None:
+    result = parse_failure(1, "train: 40%\n" + TORCHRUN_SUMMARY)
+    assert (result.failed_rank, result.rank_exitcode) == (2, -9)
+    assert result.describe() == "rank 2 failed (killed by SIGKILL); torchrun stopped the other ranks"
+
+
+def test_a_rank_that_raised_is_named_with_its_message() -> None:
+    output = "graphpipe train: rank 1: error: the plan was made for 3 ranks\n" + TORCHRUN_SUMMARY.replace(
+        "rank      : 2 (local_rank: 2)", "rank      : 1 (local_rank: 1)").replace("-9", "1")
+    result = parse_failure(1, output)
+    assert result.failed_rank == 1
+    assert result.describe() == ("rank 1 failed (exit code 1): the plan was made for 3 ranks; torchrun stopped "
+                                 "the other ranks")
+
+
+def test_success_and_unknown_failures() -> None:
+    assert parse_failure(0, "").failed_rank is None
+    assert "exited with code 3" in parse_failure(3, "nothing useful").describe()
+
+
+def test_torchrun_command_runs_the_train_module_with_this_python() -> None:
+    command = torchrun_command(4, ["--plan", "p.json"])
+    assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--nproc-per-node=4" in command
+    assert command[-4:] == ["-m", "graphpipe.train", "--plan", "p.json"]

@@ -14,7 +14,11 @@ from graphpipe.errors import GraphPipeError
 
 COMMAND_MODULES: tuple[str, ...] = (
     "graphpipe.cli.capture_cmd",
+    "graphpipe.cli.demo_cmd",
     "graphpipe.cli.profile_cmd",
+    "graphpipe.cli.simulate_cmd", "graphpipe.cli.show_cmd", "graphpipe.cli.compare_cmd",
+    "graphpipe.cli.plan_cmd",
+    "graphpipe.cli.train_cmd",
 )
 
 

@@ -100,6 +100,9 @@ class Plan:
     schedule: str = "1f1b"
     cluster: Mapping[str, Any] = field(default_factory=dict)  # Cluster.to_dict() it was planned for
     notes: tuple[str, ...] = ()
+    # How to rebuild the model and its costs (so `graphpipe simulate plan.json` needs no costs file):
+    # {"model": zoo name or file.py:factory, "preset", "batch", "options", "leaf_modules", "device"}.
+    model_spec: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for pos, stage in enumerate(self.stages):
@@ -152,7 +155,8 @@ class Plan:
 
     @property
     def is_sequential(self) -> bool:
-        return all(len(self.successors[s.idx]) <= 1 and len(self.predecessors[s.idx]) <= 1 for s in self.stages)
+        """A chain of stages: every stage lies on the longest path (skip edges between them allowed)."""
+        return self.depth == self.num_stages
 
     def stage_of_rank(self, rank: int) -> Stage:
         for stage in self.stages:
@@ -189,7 +193,7 @@ class Plan:
             "predicted_samples_per_s": self.predicted_samples_per_s,
             "predicted_iteration_s": self.predicted_iteration_s,
             "lower_bound_samples_per_s": self.lower_bound_samples_per_s, "schedule": self.schedule,
-            "cluster": dict(self.cluster), "notes": list(self.notes),
+            "cluster": dict(self.cluster), "notes": list(self.notes), "model_spec": dict(self.model_spec),
         }
 
     @classmethod
@@ -205,7 +209,7 @@ class Plan:
             predicted_iteration_s=data.get("predicted_iteration_s", 0.0),
             lower_bound_samples_per_s=data.get("lower_bound_samples_per_s", 0.0),
             schedule=data.get("schedule", "1f1b"), cluster=dict(data.get("cluster", {})),
-            notes=tuple(data.get("notes", ())),
+            notes=tuple(data.get("notes", ())), model_spec=dict(data.get("model_spec", {})),
         )
 
     def save(self, path: str) -> None:

@@ -11,9 +11,23 @@ Text forms (stage s2, micro-batch 3, peer stage s4):
     s2.AR        all-reduce the gradients inside the stage's data-parallel group
     s2.STEP      optimizer step
 
-Micro-batch numbers are in the numbering of the stage that runs the action. When two
-stages use different micro-batch sizes, a communication action carries the micro-batch
-of the stage that runs it; the schedule generator and runtime map sample ranges.
+Numbering. `F` and `B` carry the running stage's own micro-batch number: micro-batch m
+of a stage with micro-batch size b holds samples [m*b, (m+1)*b) of the mini-batch.
+
+A send or receive carries a *message* number in the numbering of its stage edge. A
+message on edge src -> dst holds g = min(b_src, b_dst) samples, and message n holds
+samples [n*g, (n+1)*g) (so both ends use the same number for the same message):
+
+- equal sizes: message n is micro-batch n on both stages (the numbers coincide);
+- b_src < b_dst (k = b_dst / b_src): src sends its micro-batch m as message m; dst's
+  micro-batch m is messages m*k .. m*k+k-1, all received before dst's `F m`;
+- b_src > b_dst (k = b_src / b_dst): src's micro-batch m is split into messages
+  m*k .. m*k+k-1, each sent after src's `F m`; dst receives message m before its `F m`.
+
+Gradients travel the same messages backwards (`SB n` on dst, `RB n` on src). For every
+ordered pair of stages and direction the sends and the receives list the same message
+numbers in the same order (the runtime relies on message order per rank pair). The
+validator (`graphpipe.schedule.validate`) enforces all of this.
 """
 
 from __future__ import annotations
@@ -37,15 +51,21 @@ class ActionKind(str, Enum):
 
     @property
     def is_compute(self) -> bool:
-        return self in (ActionKind.FORWARD, ActionKind.BACKWARD)
+        return self in _COMPUTE
 
     @property
     def is_send(self) -> bool:
-        return self in (ActionKind.SEND_ACT, ActionKind.SEND_GRAD)
+        return self in _SENDS
 
     @property
     def is_recv(self) -> bool:
-        return self in (ActionKind.RECV_ACT, ActionKind.RECV_GRAD)
+        return self in _RECVS
+
+
+# Plain sets (not enum attribute lookups) keep these checks cheap in the simulator's inner loop.
+_COMPUTE = frozenset({ActionKind.FORWARD, ActionKind.BACKWARD})
+_SENDS = frozenset({ActionKind.SEND_ACT, ActionKind.SEND_GRAD})
+_RECVS = frozenset({ActionKind.RECV_ACT, ActionKind.RECV_GRAD})
 
 
 _PATTERN = re.compile(r"^s(\d+)\.(?:(STEP|AR)|(F|B)(\d+)|(SF|SB)(\d+)>s(\d+)|(RF|RB)(\d+)<s(\d+))$")
@@ -59,21 +79,19 @@ class Action:
     peer: int = -1  # the other stage of a send or receive
 
     def __post_init__(self) -> None:
-        needs_mb = self.kind not in (ActionKind.ALL_REDUCE, ActionKind.STEP)
-        if needs_mb != (self.micro_batch >= 0):
-            raise ScheduleError(f"action {self.kind.value} on stage {self.stage}: micro-batch {self.micro_batch}")
-        if (self.kind.is_send or self.kind.is_recv) != (self.peer >= 0):
-            raise ScheduleError(f"action {self.kind.value} on stage {self.stage}: peer {self.peer}")
+        code = self.kind.value
+        if (code not in ("AR", "STEP")) != (self.micro_batch >= 0):
+            raise ScheduleError(f"action {code} on stage {self.stage}: micro-batch {self.micro_batch}")
+        if (len(code) == 2 and code[1] in "FB") != (self.peer >= 0):
+            raise ScheduleError(f"action {code} on stage {self.stage}: peer {self.peer}")
 
     def __str__(self) -> str:
-        head = f"s{self.stage}.{self.kind.value}"
-        if self.kind in (ActionKind.ALL_REDUCE, ActionKind.STEP):
-            return head
-        if self.kind.is_send:
-            return f"{head}{self.micro_batch}>s{self.peer}"
-        if self.kind.is_recv:
-            return f"{head}{self.micro_batch}<s{self.peer}"
-        return f"{head}{self.micro_batch}"
+        code = self.kind.value
+        if self.peer >= 0:  # a send (">") or a receive ("<")
+            return f"s{self.stage}.{code}{self.micro_batch}{'>' if code[0] == 'S' else '<'}s{self.peer}"
+        if self.micro_batch >= 0:
+            return f"s{self.stage}.{code}{self.micro_batch}"
+        return f"s{self.stage}.{code}"
 
     @classmethod
     def parse(cls, text: str) -> Action:

@@ -1,0 +1,784 @@
+"""Reproduce the paper's evaluation (PAPER.md §6) on the simulated Summit cluster.
+
+    .venv/bin/python benchmarks/paper/run.py            # paper presets, about 6 minutes on 2 cores
+    .venv/bin/python benchmarks/paper/run.py --quick    # tiny presets, seconds, into a temporary folder
+
+Every number is a simulated 1F1B iteration (`graphpipe.simulate`) of the plan a planner
+returns (`graphpipe.plan`) for a model captured on the meta device and costed by the
+analytic V100 roofline. Writes `results.json`, one PNG per figure and prints the tables
+(markdown). Planners that give up are recorded with their reason, never dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SEQUENTIAL_PLANNERS = ("pipedream", "piper", "sequential")  # plans whose stage graph is a chain
+SPEEDUP_TOLERANCE = 1e-6  # relative; below this a graphpipe plan counts as slower than a sequential one
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Setup:
+    """What to run: the paper's configuration (`FULL`) or a tiny one for the smoke test (`QUICK`)."""
+
+    preset: str
+    cluster: str = "summit"
+    device: str = "v100-16gb"
+    models: tuple[str, ...] = ("mmt", "dlrm", "candle_uno")
+    device_counts: tuple[int, ...] = (4, 8, 16, 32)
+    planners: tuple[str, ...] = ("graphpipe", "pipedream", "piper", "sequential")
+    batch_per_device: int = 8  # mini-batch = batch_per_device x devices (weak scaling, as in the paper)
+    ablation_devices: int = 32
+    branch_counts: tuple[int, ...] = (2, 4, 8, 16)
+    branch_devices: int = 16  # candle_uno with 2 branches has 25 ops: too few for 32 devices
+    branch_planners: tuple[str, ...] = ("graphpipe", "pipedream", "sequential")
+    micro_batch_model: str = "mmt"
+    micro_batch_devices: int = 8
+    case_devices: int = 8
+    case_memory_limits_gib: tuple[float | None, ...] = (None, 4.0, 2.0, 1.0)  # None: the device's 16 GiB
+    transformer_devices: tuple[int, ...] = (8, 32)
+    batch_sweep_per_device: tuple[int, ...] = (4, 8, 32)  # mini-batch sensitivity at ablation_devices
+
+    def batch(self, num_devices: int) -> int:
+        return self.batch_per_device * num_devices
+
+    @property
+    def max_batch(self) -> int:
+        counts = (*self.device_counts, self.ablation_devices, self.branch_devices, self.micro_batch_devices,
+                  self.case_devices, *self.transformer_devices)
+        return max(counts) * max(self.batch_per_device, *self.batch_sweep_per_device)
+
+
+FULL = Setup(preset="paper")
+QUICK = Setup(preset="tiny", models=("mmt", "candle_uno"), device_counts=(2, 4),
+              planners=("graphpipe", "pipedream", "sequential"), ablation_devices=4, branch_counts=(2, 4),
+              branch_devices=4, branch_planners=("graphpipe", "sequential"), micro_batch_devices=4, case_devices=4,
+              case_memory_limits_gib=(None,), transformer_devices=(4,), batch_sweep_per_device=(8, 16))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Run:
+    """One planner on one configuration: the simulated outcome, or why the planner gave up."""
+
+    experiment: str
+    model: str
+    num_devices: int
+    global_batch_size: int
+    planner: str
+    options: dict[str, Any] = field(default_factory=dict)  # model overrides, fixed micro-batch, memory limit
+    status: str = "ok"  # "ok", "gave_up" (a GraphPipeError) or "error" (anything else: a bug)
+    reason: str = ""
+    depth: int = 0
+    num_stages: int = 0
+    micro_batch_sizes: tuple[int, ...] = ()
+    samples_per_s: float = 0.0
+    iteration_time_s: float = 0.0
+    predicted_samples_per_s: float = 0.0
+    lower_bound_samples_per_s: float = 0.0
+    peak_memory_bytes: int = 0
+    memory_fraction: float = 0.0  # peak memory / the memory limit the planner was given
+    search_time_s: float = 0.0
+    is_sequential: bool = False  # a chain of stages (every stage on the longest path: depth == stages)
+    speedup: float = 0.0  # over the best sequential plan of the same configuration
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """Runs with the same key are the same configuration, planned by different planners."""
+        return (self.experiment, self.model, self.num_devices, self.global_batch_size,
+                json.dumps(self.options, sort_keys=True))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["micro_batch_sizes"] = list(self.micro_batch_sizes)
+        return data
+
+
+# ---- planning and simulating ----------------------------------------------------------------
+
+class Workload:
+    """Captured graphs and analytic costs, made once per model configuration."""
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup = setup
+        self._cache: dict[str, tuple[Any, Any]] = {}
+
+    def graph_and_costs(self, model: str, overrides: dict[str, Any]) -> tuple[Any, Any]:
+        from graphpipe.cost.analytic import analytic_costs
+        from graphpipe.graph.capture import capture
+        from graphpipe.models import load_model
+
+        key = json.dumps([model, overrides], sort_keys=True)
+        if key not in self._cache:
+            zoo = load_model(model, self.setup.preset, device="meta", **overrides)
+            graph = capture(zoo.model, zoo.inputs)
+            sizes = _powers_of_two(max(512, self.setup.max_batch))  # costed, not extrapolated, up to any batch
+            self._cache[key] = (graph, analytic_costs(graph, self.setup.device, micro_batch_sizes=sizes))
+        return self._cache[key]
+
+    def run(self, experiment: str, model: str, num_devices: int, batch: int, planner: str, *,
+            overrides: dict[str, Any] | None = None, micro_batch: int | None = None,
+            memory_limit_gib: float | None = None) -> Run:
+        """Plan with `planner`, simulate the plan, and record the outcome (or the reason it gave up)."""
+        from graphpipe.cost.presets import cluster_preset
+        from graphpipe.errors import GraphPipeError
+
+        overrides = dict(overrides or {})
+        options: dict[str, Any] = dict(overrides)
+        if micro_batch is not None:
+            options["micro_batch"] = micro_batch
+        if memory_limit_gib is not None:
+            options["memory_limit_gib"] = memory_limit_gib
+        base = Run(experiment=experiment, model=model, num_devices=num_devices, global_batch_size=batch,
+                   planner=planner, options=options)
+        graph, costs = self.graph_and_costs(model, overrides)
+        cluster = cluster_preset(self.setup.cluster, num_devices)
+        limit = memory_limit_gib * 2**30 if memory_limit_gib is not None else cluster.device.memory_bytes
+        start = time.perf_counter()
+        try:
+            plan = plan_model(graph, costs, cluster, batch, planner=planner,
+                              micro_batch_sizes=None if micro_batch is None else (micro_batch,),
+                              memory_limit=None if memory_limit_gib is None else limit)
+            result = simulate_plan(plan, costs, cluster)
+        except GraphPipeError as err:
+            return replace(base, status="gave_up", reason=_first_line(err),
+                           search_time_s=time.perf_counter() - start)
+        except Exception as err:  # a planner or simulator bug: keep going, report it
+            return replace(base, status="error", reason=f"{type(err).__name__}: {_first_line(err)}",
+                           search_time_s=time.perf_counter() - start)
+        peak = max(result.peak_memory_bytes, default=0)
+        return replace(base, depth=plan.depth, num_stages=plan.num_stages,
+                       micro_batch_sizes=tuple(sorted({s.micro_batch_size for s in plan.stages})),
+                       samples_per_s=result.samples_per_s, iteration_time_s=result.iteration_time_s,
+                       predicted_samples_per_s=plan.predicted_samples_per_s,
+                       lower_bound_samples_per_s=plan.lower_bound_samples_per_s,
+                       peak_memory_bytes=peak, memory_fraction=peak / limit,
+                       search_time_s=plan.search_time_s, is_sequential=plan.depth == plan.num_stages)
+
+
+def plan_model(graph: Any, costs: Any, cluster: Any, batch: int, *, planner: str,
+               micro_batch_sizes: Sequence[int] | None, memory_limit: float | None) -> Any:
+    """`graphpipe.plan`: the planner's final choice (best simulated iteration among its candidates)."""
+    from graphpipe.planning import plan
+
+    return plan(graph, costs, cluster, batch, planner=planner, micro_batch_sizes=micro_batch_sizes,
+                memory_limit=memory_limit)
+
+
+def simulate_plan(plan: Any, costs: Any, cluster: Any) -> Any:
+    from graphpipe.simulate.simulator import simulate
+
+    return simulate(plan, costs, cluster, schedule="1f1b")
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+# ---- experiments ------------------------------------------------------------------------------
+
+Progress = Callable[[Run], None]
+
+
+def scaling(work: Workload, progress: Progress) -> list[Run]:
+    """Throughput vs devices for every model and planner; mini-batch grows with the devices."""
+    s = work.setup
+    runs = []
+    for model in s.models:
+        for n in s.device_counts:
+            runs += [_logged(progress, work.run("scaling", model, n, s.batch(n), p)) for p in s.planners]
+    return runs
+
+
+def ablation(work: Workload, progress: Progress) -> list[Run]:
+    """Sequential vs parallel-only (graph stages, sequential's micro-batch) vs graphpipe.
+
+    Parallel-only is run twice: the library's `parallel-only` planner, and graphpipe held to
+    the micro-batch of the sequential plan this benchmark simulated (the paper's definition).
+    """
+    s = work.setup
+    n = s.ablation_devices
+    runs = []
+    for model in s.models:
+        group = [_logged(progress, work.run("ablation", model, n, s.batch(n), p))
+                 for p in ("sequential", "parallel-only", "graphpipe")]
+        seq = group[0]
+        if seq.ok:
+            group.append(_logged(progress, work.run("ablation", model, n, s.batch(n), "graphpipe",
+                                                    micro_batch=seq.micro_batch_sizes[0])))
+        runs += group
+    return runs
+
+
+def batch_sweep(work: Workload, progress: Progress) -> list[Run]:
+    """How the speedup depends on the mini-batch rule: several samples-per-device at one device count."""
+    s = work.setup
+    n = s.ablation_devices
+    return [_logged(progress, work.run("batch", model, n, k * n, p))
+            for model in s.models for k in s.batch_sweep_per_device for p in ("graphpipe", "sequential")]
+
+
+def branch_sweep(work: Workload, progress: Progress) -> list[Run]:
+    """candle_uno with more and more branches on a fixed number of devices."""
+    s = work.setup
+    n = s.branch_devices
+    return [_logged(progress, work.run("branches", "candle_uno", n, s.batch(n), p,
+                                       overrides={"num_branches": k}))
+            for k in s.branch_counts for p in s.branch_planners]
+
+
+def micro_batch_sweep(work: Workload, progress: Progress) -> list[Run]:
+    """One fixed micro-batch size per run, for graphpipe and sequential."""
+    s = work.setup
+    n = s.micro_batch_devices
+    batch = s.batch(n)
+    sizes = _powers_of_two(batch)
+    return [_logged(progress, work.run("micro_batch", s.micro_batch_model, n, batch, p, micro_batch=b))
+            for b in sizes for p in ("graphpipe", "sequential")]
+
+
+def case_study(work: Workload, progress: Progress) -> list[Run]:
+    """two_branch on a few devices, at the device's memory and at tighter memory limits."""
+    s = work.setup
+    n = s.case_devices
+    return [_logged(progress, work.run("case_study", "two_branch", n, s.batch(n), p, memory_limit_gib=limit))
+            for limit in s.case_memory_limits_gib for p in ("graphpipe", "sequential")]
+
+
+def sequential_model(work: Workload, progress: Progress) -> list[Run]:
+    """A chain model: graphpipe must find the sequential optimum, never worse."""
+    s = work.setup
+    return [_logged(progress, work.run("transformer", "transformer", n, s.batch(n), p))
+            for n in s.transformer_devices for p in ("graphpipe", "sequential")]
+
+
+EXPERIMENTS: dict[str, Callable[[Workload, Progress], list[Run]]] = {
+    "scaling": scaling, "ablation": ablation, "branches": branch_sweep, "micro_batch": micro_batch_sweep,
+    "case_study": case_study, "transformer": sequential_model, "batch": batch_sweep,
+}
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    sizes, size = [], 1
+    while size <= limit:
+        sizes.append(size)
+        size *= 2
+    return sizes
+
+
+def _logged(progress: Progress, run: Run) -> Run:
+    progress(run)
+    return run
+
+
+# ---- derived numbers ------------------------------------------------------------------------
+
+def is_baseline(r: Run) -> bool:
+    """A successful run of a sequential (chain-of-stages) planner."""
+    return r.ok and r.planner in SEQUENTIAL_PLANNERS
+
+
+def with_speedups(runs: Iterable[Run]) -> list[Run]:
+    """Each run's throughput over the best sequential plan of its configuration (0 when there is none)."""
+    runs = list(runs)
+    best: dict[tuple[Any, ...], float] = {}
+    for r in runs:
+        if is_baseline(r):
+            best[r.key] = max(best.get(r.key, 0.0), r.samples_per_s)
+    return [replace(r, speedup=r.samples_per_s / best[r.key]) if r.ok and best.get(r.key, 0.0) > 0 else r
+            for r in runs]
+
+
+def violations(runs: Iterable[Run]) -> list[dict[str, Any]]:
+    """Configurations where graphpipe is slower than a sequential plan of the same configuration."""
+    out = []
+    runs = list(runs)
+    for g in (r for r in runs if r.planner == "graphpipe" and r.ok):
+        for other in runs:
+            if (other.key == g.key and is_baseline(other)
+                    and g.samples_per_s < other.samples_per_s * (1 - SPEEDUP_TOLERANCE)):
+                out.append({"experiment": g.experiment, "model": g.model, "num_devices": g.num_devices,
+                            "global_batch_size": g.global_batch_size, "options": g.options,
+                            "graphpipe_samples_per_s": g.samples_per_s, "sequential_planner": other.planner,
+                            "sequential_samples_per_s": other.samples_per_s,
+                            "ratio": g.samples_per_s / other.samples_per_s})
+    return out
+
+
+def failures(runs: Iterable[Run]) -> list[Run]:
+    """graphpipe runs that gave up or crashed (it must always find a plan where a sequential planner does)."""
+    return [r for r in runs if r.status == "error" or (r.planner == "graphpipe" and not r.ok)]
+
+
+# ---- tables -----------------------------------------------------------------------------------
+
+def markdown(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _tput(r: Run | None) -> str:
+    if r is None:
+        return "-"
+    if not r.ok:
+        return "gave up" if r.status == "gave_up" else "error"
+    return f"{r.samples_per_s:,.0f}"
+
+
+def _find(runs: Sequence[Run], **where: Any) -> Run | None:
+    for r in runs:
+        if all((r.options.get(k[7:]) if k.startswith("option_") else getattr(r, k)) == v
+               for k, v in where.items()):
+            return r
+    return None
+
+
+def _mb(r: Run | None) -> str:
+    return "/".join(map(str, r.micro_batch_sizes)) if r is not None and r.ok else "-"
+
+
+def _depth(r: Run | None) -> str:
+    return str(r.depth) if r is not None and r.ok else "-"
+
+
+def scaling_table(runs: Sequence[Run], setup: Setup) -> str:
+    planners = setup.planners
+    header = ["model", "devices", "batch", *[f"{p} samples/s" for p in planners], "graphpipe depth / mb",
+              "best sequential depth / mb", "speedup"]
+    rows = []
+    for model in setup.models:
+        for n in setup.device_counts:
+            group = [r for r in runs if r.experiment == "scaling" and r.model == model and r.num_devices == n]
+            gp = _find(group, planner="graphpipe")
+            seq = _best_sequential(group)
+            rows.append([model, str(n), str(setup.batch(n)), *[_tput(_find(group, planner=p)) for p in planners],
+                         f"{_depth(gp)} / {_mb(gp)}",
+                         f"{_depth(seq)} / {_mb(seq)} ({seq.planner})" if seq else "-", _speedup(gp)])
+    return markdown(header, rows)
+
+
+def _best_sequential(group: Sequence[Run]) -> Run | None:
+    seq = [r for r in group if is_baseline(r)]
+    return max(seq, key=lambda r: r.samples_per_s) if seq else None
+
+
+def _speedup(r: Run | None) -> str:
+    return f"{r.speedup:.2f}x" if r is not None and r.ok and r.speedup else "-"
+
+
+def search_table(runs: Sequence[Run], setup: Setup) -> str:
+    header = ["model", "devices", *[f"{p} s" for p in setup.planners], "gave up (reason)"]
+    rows = []
+    for model in setup.models:
+        for n in setup.device_counts:
+            group = [r for r in runs if r.experiment == "scaling" and r.model == model and r.num_devices == n]
+            cells = []
+            for p in setup.planners:
+                r = _find(group, planner=p)
+                cells.append("-" if r is None else f"{r.search_time_s:.2f}" + ("" if r.ok else " (gave up)"))
+            reasons = "; ".join(f"{r.planner}: {r.reason}" for r in group if not r.ok)
+            rows.append([model, str(n), *cells, _short(reasons)])
+    return markdown(header, rows)
+
+
+def _short(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def memory_table(runs: Sequence[Run], setup: Setup) -> str:
+    header = ["model", "devices", *[f"{p} peak GiB (mb)" for p in setup.planners]]
+    rows = []
+    for model in setup.models:
+        for n in setup.device_counts:
+            group = [r for r in runs if r.experiment == "scaling" and r.model == model and r.num_devices == n]
+            cells = [_find(group, planner=p) for p in setup.planners]
+            rows.append([model, str(n), *[f"{r.peak_memory_bytes / 2**30:.2f} ({_mb(r)})" if r and r.ok else "-"
+                                          for r in cells]])
+    return markdown(header, rows)
+
+
+def ablation_table(runs: Sequence[Run], setup: Setup) -> str:
+    header = ["model", "devices", "sequential samples/s (depth/mb)", "parallel-only planner (depth/mb)",
+              "graphpipe at sequential's mb (depth/mb)", "graphpipe (depth/mb)", "parallel-only / sequential",
+              "graphpipe at sequential's mb / sequential", "graphpipe / sequential"]
+    rows = []
+    for model in setup.models:
+        group = [r for r in runs if r.experiment == "ablation" and r.model == model]
+        seq = _find(group, planner="sequential")
+        cells = [seq, _find(group, planner="parallel-only"), _fixed_mb(group), _find(group, planner="graphpipe",
+                                                                                      options={})]
+        rows.append([model, str(setup.ablation_devices), *[f"{_tput(r)} ({_depth(r)}/{_mb(r)})" for r in cells],
+                     *[_ratio(r, seq) for r in cells[1:]]])
+    return markdown(header, rows)
+
+
+def _fixed_mb(group: Sequence[Run]) -> Run | None:
+    return next((r for r in group if r.planner == "graphpipe" and "micro_batch" in r.options), None)
+
+
+def batch_table(runs: Sequence[Run], setup: Setup) -> str:
+    header = ["model", "devices", "batch", "graphpipe samples/s (depth/mb)", "sequential samples/s (depth/mb)",
+              "sequential peak memory", "graphpipe / sequential"]
+    rows = []
+    for model in setup.models:
+        for k in setup.batch_sweep_per_device:
+            n = setup.ablation_devices
+            group = [r for r in runs if r.experiment == "batch" and r.model == model and r.global_batch_size == k * n]
+            gp, seq = _find(group, planner="graphpipe"), _find(group, planner="sequential")
+            rows.append([model, str(n), str(k * n), f"{_tput(gp)} ({_depth(gp)}/{_mb(gp)})",
+                         f"{_tput(seq)} ({_depth(seq)}/{_mb(seq)})", _gib(seq), _ratio(gp, seq)])
+    return markdown(header, rows)
+
+
+def _ratio(a: Run | None, b: Run | None) -> str:
+    if a is None or b is None or not (a.ok and b.ok) or b.samples_per_s <= 0:
+        return "-"
+    return f"{a.samples_per_s / b.samples_per_s:.2f}x"
+
+
+def branch_table(runs: Sequence[Run], setup: Setup) -> str:
+    planners = setup.branch_planners
+    header = ["branches", "devices", *[f"{p} samples/s" for p in planners], "graphpipe depth / mb",
+              "best sequential depth / mb", "speedup"]
+    rows = []
+    for k in setup.branch_counts:
+        group = [r for r in runs if r.experiment == "branches" and r.options.get("num_branches") == k]
+        gp = _find(group, planner="graphpipe")
+        seq = _best_sequential(group)
+        rows.append([str(k), str(setup.branch_devices), *[_tput(_find(group, planner=p)) for p in planners],
+                     f"{_depth(gp)} / {_mb(gp)}", f"{_depth(seq)} / {_mb(seq)}", _speedup(gp)])
+    return markdown(header, rows)
+
+
+def micro_batch_table(runs: Sequence[Run], setup: Setup) -> str:
+    header = ["micro-batch", "graphpipe samples/s", "graphpipe depth", "graphpipe peak memory",
+              "sequential samples/s", "sequential depth", "sequential peak memory", "graphpipe / sequential"]
+    rows = []
+    group = [r for r in runs if r.experiment == "micro_batch"]
+    for b in sorted({r.options["micro_batch"] for r in group}):
+        gp = _find(group, planner="graphpipe", option_micro_batch=b)
+        seq = _find(group, planner="sequential", option_micro_batch=b)
+        rows.append([str(b), _tput(gp), _depth(gp), _gib(gp), _tput(seq), _depth(seq), _gib(seq), _ratio(gp, seq)])
+    return markdown(header, rows)
+
+
+def _gib(r: Run | None) -> str:
+    return f"{r.peak_memory_bytes / 2**30:.2f} GiB" if r is not None and r.ok else "-"
+
+
+def case_table(runs: Sequence[Run], setup: Setup) -> str:
+    header = ["memory limit", "planner", "stages", "depth", "micro-batch", "samples/s", "peak memory",
+              "graphpipe / sequential"]
+    rows = []
+    group = [r for r in runs if r.experiment == "case_study"]
+    for limit in setup.case_memory_limits_gib:
+        pair = [r for r in group if r.options.get("memory_limit_gib") == limit]
+        gp, seq = _find(pair, planner="graphpipe"), _find(pair, planner="sequential")
+        label = "16 GiB (device)" if limit is None else f"{limit:g} GiB"
+        for r in (seq, gp):
+            if r is None:
+                continue
+            rows.append([label, r.planner, str(r.num_stages) if r.ok else "-", _depth(r), _mb(r), _tput(r),
+                         _gib(r), _ratio(gp, seq) if r is gp else ""])
+    return markdown(header, rows)
+
+
+def transformer_table(runs: Sequence[Run], setup: Setup) -> str:
+    header = ["devices", "batch", "graphpipe samples/s (depth/mb)", "sequential samples/s (depth/mb)",
+              "graphpipe / sequential"]
+    rows = []
+    for n in setup.transformer_devices:
+        group = [r for r in runs if r.experiment == "transformer" and r.num_devices == n]
+        gp, seq = _find(group, planner="graphpipe"), _find(group, planner="sequential")
+        rows.append([str(n), str(setup.batch(n)), f"{_tput(gp)} ({_depth(gp)}/{_mb(gp)})",
+                     f"{_tput(seq)} ({_depth(seq)}/{_mb(seq)})", _ratio(gp, seq)])
+    return markdown(header, rows)
+
+
+RUNTIME_RESULTS = ("benchmarks/runtime/results/runtime.json", "benchmarks/runtime/results.json")
+
+
+def runtime_table(root: Path) -> str:
+    """The measured runs of `benchmarks/runtime/` with their prediction error, or a note that they are pending."""
+    path = next((root / p for p in RUNTIME_RESULTS if (root / p).exists()), None)
+    if path is None:
+        return f"(pending: none of {', '.join(RUNTIME_RESULTS)} exists yet)"
+    data = json.loads(path.read_text())
+    header = ["model", "variant", "depth", "measured samples/s (median, min-max)", "measured iteration s",
+              "simulated iteration s", "prediction error"]
+    rows = []
+    for model in data.get("models", []):
+        plans = model.get("plans", {})
+        for name, v in model.get("variants", {}).items():
+            rows.append([str(model.get("model")), name, str(plans.get(name, {}).get("depth", "-")),
+                         f"{_num(v.get('samples_per_s_median'))} ({_num(v.get('samples_per_s_min'))}-"
+                         f"{_num(v.get('samples_per_s_max'))})",
+                         _num(v.get("iteration_s_median"), ".3f"), _num(v.get("simulated_iteration_s"), ".3f"),
+                         _num(v.get("prediction_error"), "+.0%")])
+    if not rows:
+        return f"(see {path.relative_to(root)}; it holds no measured variants)"
+    return f"From `{path.relative_to(root)}`:\n\n" + markdown(header, rows)
+
+
+def _num(value: Any, spec: str = ",.0f") -> str:
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
+TABLES: dict[str, tuple[str, Callable[[Sequence[Run], Setup], str]]] = {
+    "scaling": ("Throughput vs devices (samples/s, simulated)", scaling_table),
+    "search": ("Search time (seconds on this machine)", search_table),
+    "memory": ("Peak memory per device of the chosen plans (of 16 GiB)", memory_table),
+    "ablation": ("Ablation", ablation_table),
+    "branches": ("Branch sweep: candle_uno", branch_table),
+    "micro_batch": ("Micro-batch sweep", micro_batch_table),
+    "case_study": ("Case study: two_branch", case_table),
+    "transformer": ("Sequential transformer", transformer_table),
+    "batch": ("Mini-batch sensitivity", batch_table),
+}
+
+
+def render_tables(runs: Sequence[Run], setup: Setup) -> dict[str, str]:
+    return {name: f"### {title}\n\n{fn(runs, setup)}" for name, (title, fn) in TABLES.items()}
+
+
+# ---- plots ------------------------------------------------------------------------------------
+
+def plot_all(runs: Sequence[Run], setup: Setup, out_dir: Path) -> list[Path]:
+    """One PNG per figure; returns the paths written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    paths = [plot_scaling(runs, setup, model, out_dir / f"throughput_{model}.png") for model in setup.models]
+    paths.append(plot_branches(runs, setup, out_dir / "branch_sweep.png"))
+    paths.append(plot_micro_batch(runs, setup, out_dir / "micro_batch_sweep.png"))
+    paths.append(plot_ablation(runs, setup, out_dir / "ablation.png"))
+    return paths
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _log2_x(ax: Any, ticks: Sequence[int]) -> None:
+    """Powers of two evenly spaced, labelled as numbers (linear when nothing was plotted)."""
+    if any(len(line.get_xdata()) for line in ax.get_lines()):
+        ax.set_xscale("log", base=2)
+    if ticks:
+        ax.set_xticks(list(ticks), [str(t) for t in ticks])
+
+
+def plot_scaling(runs: Sequence[Run], setup: Setup, model: str, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for planner in setup.planners:
+        points = [(r.num_devices, r.samples_per_s) for r in runs
+                  if r.experiment == "scaling" and r.model == model and r.planner == planner and r.ok]
+        if points:
+            ax.plot(*zip(*points), marker="o", label=planner)
+        else:
+            ax.plot([], [], label=f"{planner} (gave up)")
+    _log2_x(ax, setup.device_counts)
+    ax.set_xlabel(f"devices ({setup.cluster}; mini-batch = {setup.batch_per_device} x devices)")
+    ax.set_ylabel("samples/s (simulated)")
+    ax.set_title(f"{model} ({setup.preset} preset)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def plot_branches(runs: Sequence[Run], setup: Setup, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    group = [r for r in runs if r.experiment == "branches" and r.planner == "graphpipe" and r.ok and r.speedup]
+    ax.plot([r.options["num_branches"] for r in group], [r.speedup for r in group], marker="o",
+            label="graphpipe / best sequential")
+    ax.axhline(1.0, color="grey", linewidth=1)
+    _log2_x(ax, setup.branch_counts)
+    ax.set_xlabel(f"branches of candle_uno ({setup.branch_devices} devices)")
+    ax.set_ylabel("speedup")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def plot_micro_batch(runs: Sequence[Run], setup: Setup, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for planner in ("graphpipe", "sequential"):
+        points = [(r.options["micro_batch"], r.samples_per_s) for r in runs
+                  if r.experiment == "micro_batch" and r.planner == planner and r.ok]
+        if points:
+            ax.plot(*zip(*sorted(points)), marker="o", label=planner)
+    _log2_x(ax, sorted({r.options["micro_batch"] for r in runs if r.experiment == "micro_batch"}))
+    ax.set_xlabel(f"micro-batch size (fixed), {setup.micro_batch_model}, {setup.micro_batch_devices} devices")
+    ax.set_ylabel("samples/s (simulated)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def plot_ablation(runs: Sequence[Run], setup: Setup, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bars: dict[str, Callable[[Sequence[Run]], Run | None]] = {
+        "sequential": lambda g: _find(g, planner="sequential"),
+        "parallel-only planner": lambda g: _find(g, planner="parallel-only"),
+        "graphpipe at sequential's mb": _fixed_mb,
+        "graphpipe": lambda g: _find(g, planner="graphpipe", options={}),
+    }
+    width = 0.8 / len(bars)
+    for i, (label, pick) in enumerate(bars.items()):
+        values = []
+        for model in setup.models:
+            group = [r for r in runs if r.experiment == "ablation" and r.model == model]
+            r, seq = pick(group), _find(group, planner="sequential")
+            ok = r is not None and seq is not None and r.ok and seq.ok and seq.samples_per_s > 0
+            values.append(r.samples_per_s / seq.samples_per_s if ok and r and seq else 0.0)
+        ax.bar([m + i * width for m in range(len(setup.models))], values, width, label=label)
+    ax.set_xticks([m + 1.5 * width for m in range(len(setup.models))], list(setup.models))
+    ax.set_ylabel(f"throughput / sequential ({setup.ablation_devices} devices)")
+    ax.axhline(1.0, color="grey", linewidth=1)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+# ---- the cost model's view of each model ---------------------------------------------------------
+
+SUMMARY_MICRO_BATCHES = (1, 8, 64, 256)
+
+
+def cost_summary(work: Workload) -> list[dict[str, Any]]:
+    """Per model: one device's forward+backward time per sample at a few micro-batch sizes, memory per sample.
+
+    This is what the planners see: how much a larger micro-batch speeds a sample up, and how
+    much memory a sample's activations and the weights take.
+    """
+    out = []
+    for model in (*work.setup.models, "two_branch", "transformer"):
+        graph, costs = work.graph_and_costs(model, {})
+        per_sample = {}
+        for b in SUMMARY_MICRO_BATCHES:
+            total_ms = sum(costs.at(op.name, b).fwd_ms + costs.at(op.name, b).bwd_ms for op in graph.ops)
+            per_sample[str(b)] = total_ms / b
+        act = sum(costs.at(op.name, 1).act_bytes for op in graph.ops)
+        params = sum(costs.at(op.name, 1).param_bytes for op in graph.ops)
+        out.append({"model": model, "num_ops": len(graph), "ms_per_sample": per_sample,
+                    "act_bytes_per_sample": act, "param_bytes": params})
+    return out
+
+
+def cost_table(summary: Sequence[dict[str, Any]]) -> str:
+    header = ["model", "ops", *[f"ms/sample at b={b}" for b in SUMMARY_MICRO_BATCHES],
+              f"speed-up b={SUMMARY_MICRO_BATCHES[-1]} vs b=1", "activations MiB/sample", "weights GiB"]
+    rows = []
+    for m in summary:
+        ms = m["ms_per_sample"]
+        first, last = ms[str(SUMMARY_MICRO_BATCHES[0])], ms[str(SUMMARY_MICRO_BATCHES[-1])]
+        rows.append([m["model"], str(m["num_ops"]), *[f"{ms[str(b)]:.3f}" for b in SUMMARY_MICRO_BATCHES],
+                     f"{first / last:.1f}x", f"{m['act_bytes_per_sample'] / 2**20:.1f}",
+                     f"{m['param_bytes'] / 2**30:.2f}"])
+    return "### One V100 (analytic): forward + backward per sample, memory per sample\n\n" + markdown(header, rows)
+
+
+# ---- the whole run ----------------------------------------------------------------------------
+
+def run_all(setup: Setup, out_dir: Path, *, experiments: Sequence[str] | None = None,
+            progress: Progress | None = None, plots: bool = True) -> dict[str, Any]:
+    """Run the experiments, write `results.json` (and the plots) into `out_dir`, return the results."""
+    from graphpipe.serde import write_json_atomic
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Workload(setup)
+    start = time.perf_counter()
+    runs: list[Run] = []
+    for name in experiments or tuple(EXPERIMENTS):
+        runs += EXPERIMENTS[name](work, progress or (lambda r: None))
+    runs = with_speedups(runs)
+    tables = render_tables(runs, setup)
+    summary = cost_summary(work)
+    tables["costs"] = cost_table(summary)
+    results = {"format": "graphpipe.paper-benchmark/1", "setup": _setup_dict(setup),
+               "wall_time_s": time.perf_counter() - start, "runs": [r.to_dict() for r in runs],
+               "violations": violations(runs), "failures": [r.to_dict() for r in failures(runs)],
+               "headline": headline(runs, setup), "cost_summary": summary, "tables": tables}
+    if plots:
+        results["plots"] = [p.name for p in plot_all(runs, setup, out_dir)]
+    write_json_atomic(out_dir / "results.json", results)
+    return results
+
+
+def headline(runs: Sequence[Run], setup: Setup) -> list[dict[str, Any]]:
+    """Per model at the largest device count: every planner's throughput and graphpipe's speedup."""
+    n = max(setup.device_counts)
+    out = []
+    for model in setup.models:
+        group = [r for r in runs if r.experiment == "scaling" and r.model == model and r.num_devices == n]
+        gp, seq = _find(group, planner="graphpipe"), _best_sequential(group)
+        out.append({"model": model, "num_devices": n, "global_batch_size": setup.batch(n),
+                    "samples_per_s": {r.planner: (r.samples_per_s if r.ok else None) for r in group},
+                    "best_sequential": seq.planner if seq else None,
+                    "speedup": gp.speedup if gp is not None and gp.ok else None})
+    return out
+
+
+def _setup_dict(setup: Setup) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(setup).items()}
+
+
+def _print_progress(r: Run) -> None:
+    what = (f"{r.samples_per_s:,.0f} samples/s, depth {r.depth}, mb {_mb(r)}" if r.ok
+            else f"{r.status}: {_short(r.reason, 100)}")
+    extra = f" {r.options}" if r.options else ""
+    print(f"  {r.experiment:11s} {r.model:10s} {r.num_devices:2d} dev  {r.planner:13s}{extra}: {what} "
+          f"[{r.search_time_s:.1f} s]", file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny presets and few configurations (seconds)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output folder (default: benchmarks/paper; with --quick a new temporary folder)")
+    parser.add_argument("--only", default=None, help=f"experiments, comma separated: {', '.join(EXPERIMENTS)}")
+    parser.add_argument("--no-plots", action="store_true")
+    args = parser.parse_args(argv)
+    setup = QUICK if args.quick else FULL
+    out_dir = args.out or (Path(tempfile.mkdtemp(prefix="graphpipe-paper-")) if args.quick else HERE)
+    only = [e.strip() for e in args.only.split(",")] if args.only else None
+    results = run_all(setup, out_dir, experiments=only, progress=_print_progress, plots=not args.no_plots)
+    print("\n\n".join(results["tables"].values()))
+    print("\n### Real runs (benchmarks/runtime)\n\n" + runtime_table(HERE.parent.parent))
+    print(f"\nviolations (graphpipe slower than a sequential plan): {len(results['violations'])}")
+    for v in results["violations"]:
+        print(f"  {v}")
+    for f in results["failures"]:
+        print(f"  failure: {f['experiment']} {f['model']} {f['num_devices']} dev {f['planner']} "
+              f"{f['options']}: {f['status']}: {f['reason']}")
+    print(f"\nwrote {out_dir / 'results.json'} in {results['wall_time_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

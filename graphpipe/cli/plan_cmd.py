@@ -1,0 +1,93 @@
+"""`graphpipe plan`: search a stage graph for a model on a cluster and write it as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from graphpipe.cli.common import add_model_args, capture_from_args, format_bytes, positive_int, print_json
+from graphpipe.plan.api import PLANNER_NAMES
+from graphpipe.plan.stage_graph import Plan
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "plan", help="partition a model into a graph of pipeline stages",
+        description="Capture the model, cost it, and search the stage graph (ops, devices, micro-batch) with "
+                    "the GraphPipe planner or a baseline; print the stages and write the plan as JSON.")
+    add_model_args(parser, default_preset="paper")
+    parser.add_argument("--cluster", default="summit", help="cluster preset (default summit)")
+    parser.add_argument("--devices", type=positive_int, required=True, help="number of devices")
+    parser.add_argument("--global-batch", dest="global_batch", type=positive_int, default=None,
+                        help="mini-batch size to plan for (default: --batch, else 128)")
+    parser.add_argument("--planner", choices=PLANNER_NAMES, default="graphpipe", help="default graphpipe")
+    parser.add_argument("--micro-batch-sizes", default=None, metavar="1,2,4",
+                        help="micro-batch sizes to try (default: powers of two dividing the mini-batch)")
+    parser.add_argument("--memory-limit-gib", type=float, default=None, help="per-device memory (default: device's)")
+    parser.add_argument("--rank-by", choices=("simulation", "tps"), default="simulation",
+                        help="pick among the best plan per micro-batch size by simulated iteration time or TPS")
+    parser.add_argument("--costs", default=None, metavar="COSTS.json", help="cost table (default: analytic)")
+    parser.add_argument("--device", default="v100-16gb", help="device preset for analytic costs")
+    parser.add_argument("-o", "--output", default=None, metavar="PLAN.json", help="write the plan here")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from graphpipe.cli.simulate_cmd import model_spec_from_args
+    from graphpipe.cost.analytic import analytic_costs
+    from graphpipe.cost.cluster import Cluster
+    from graphpipe.cost.cost_table import CostTable
+    from graphpipe.planning import plan
+
+    _, graph = capture_from_args(args)
+    costs = CostTable.load(args.costs) if args.costs else analytic_costs(graph, args.device)
+    cluster = Cluster.preset(args.cluster, args.devices)
+    sizes = parse_sizes(args.micro_batch_sizes)
+    limit = args.memory_limit_gib * 2**30 if args.memory_limit_gib else None
+    global_batch = args.global_batch or args.batch or 128
+    result = plan(graph, costs, cluster, global_batch, planner=args.planner, micro_batch_sizes=sizes,
+                  memory_limit=limit, rank_by=args.rank_by)
+    result = dataclasses.replace(result, model_spec=model_spec_from_args(args, args.device))
+    if args.output:
+        result.save(args.output)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        print(render_plan(result))
+        if args.output:
+            print(f"wrote {args.output}")
+    return 0
+
+
+def parse_sizes(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--micro-batch-sizes {text!r}: write sizes like 1,2,4") from None
+
+
+def ops_summary(ops: tuple[str, ...]) -> str:
+    return ops[0] if len(ops) == 1 else f"{ops[0]}..{ops[-1]} ({len(ops)})"
+
+
+def render_plan(plan: Plan) -> str:
+    header = ("stage", "ops", "ranks", "b", "in-flight", "TPS ms", "memory")
+    rows = [(f"s{s.idx}", ops_summary(s.ops), _ranks(s.ranks), str(s.micro_batch_size), str(s.in_flight_samples),
+             f"{s.tps_ms:.4f}", format_bytes(s.memory_bytes)) for s in plan.stages]
+    widths = [max(len(row[col]) for row in [header, *rows]) for col in range(len(header))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [header, *rows]]
+    lines.append(f"{plan.planner}: {plan.num_stages} stages, depth {plan.depth}, {plan.world_size} of "
+                 f"{plan.num_devices} devices, mini-batch {plan.global_batch_size}; predicted "
+                 f"{plan.predicted_samples_per_s:,.1f} samples/s (bound {plan.lower_bound_samples_per_s:,.1f}); "
+                 f"search {plan.search_time_s:.2f} s")
+    return "\n".join(lines)
+
+
+def _ranks(ranks: tuple[int, ...]) -> str:
+    if len(ranks) > 1 and list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks))

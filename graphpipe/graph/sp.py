@@ -1,0 +1,326 @@
+"""Series-parallel (SP) decomposition of an op graph: the structure the partitioner's DP walks.
+
+The result is a tree of three kinds of nodes over ops:
+
+- `SPLeaf`: one op, or several ops merged into one indivisible unit (see below);
+- `SPChain`: items run one after the other; every exit op of item i feeds every entry op
+  of item i + 1 (in the SP skeleton);
+- `SPParallel`: independent branches (chains) between the item before it in the enclosing
+  chain (the fork) and the item after it (the join); `has_bypass` records a direct
+  fork -> join edge (a residual connection: an empty branch).
+
+How it is built. Each op v becomes an edge v_in -> v_out and each data edge u -> v a
+wire u_out -> v_in; several graph inputs get a virtual source junction, several sinks a
+virtual sink junction (junctions, not ops: nothing is added to the model). The two-terminal
+graph is then reduced with the classic series (a junction with one edge in and one out)
+and parallel (two edges between the same junctions) reductions, each O(1), with a work
+list: near-linear in the number of edges.
+
+Graphs that are not SP are made SP without changing what the model computes:
+
+1. Transitive edges are dropped from the skeleton first (u -> w when another path
+   u -> ... -> w exists). This is exact for planning: reachability, hence stage convexity
+   and the in-flight rule, are unchanged, and communication is always costed on the real
+   edges. This alone makes e.g. DLRM's "bottom MLP feeds both the interaction and the
+   concat" SP.
+2. If reductions still get stuck (a true non-SP core such as x->a, x->b, a->c, a->d,
+   b->d, c,d->out), the smallest single-entry single-exit region around a stuck fork
+   (the fork and its immediate post-dominator) is merged into one `SPLeaf` holding all its
+   ops: those ops will always share a stage. The whole graph is the region of last resort,
+   so the method always terminates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+from graphpipe.graph.op_graph import OpGraph
+
+
+@dataclass(frozen=True, slots=True)
+class SPLeaf:
+    """One op, or several ops merged to make the graph SP (they always share a stage)."""
+
+    ops: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class SPParallel:
+    """Branches between a fork and a join; `has_bypass` when the fork also feeds the join directly."""
+
+    branches: tuple[SPChain, ...]
+    has_bypass: bool = False
+
+    @cached_property
+    def ops(self) -> tuple[str, ...]:
+        return tuple(op for branch in self.branches for op in branch.ops)
+
+
+@dataclass(frozen=True, eq=False)
+class SPChain:
+    """Items in series."""
+
+    items: tuple[SPLeaf | SPParallel, ...]
+
+    @cached_property
+    def ops(self) -> tuple[str, ...]:
+        return tuple(op for item in self.items for op in item.ops)
+
+
+SPItem = SPLeaf | SPParallel
+
+
+def iter_chains(chain: SPChain) -> Iterator[SPChain]:
+    """Every chain of the tree, outermost first."""
+    stack = [chain]
+    while stack:
+        current = stack.pop()
+        yield current
+        for item in current.items:
+            if isinstance(item, SPParallel):
+                stack.extend(item.branches)
+
+
+def iter_parallels(chain: SPChain) -> Iterator[SPParallel]:
+    for current in iter_chains(chain):
+        yield from (item for item in current.items if isinstance(item, SPParallel))
+
+
+def merged_leaves(chain: SPChain) -> tuple[SPLeaf, ...]:
+    """Leaves holding several ops: where the graph had to be merged to become SP."""
+    return tuple(item for c in iter_chains(chain) for item in c.items
+                 if isinstance(item, SPLeaf) and len(item.ops) > 1)
+
+
+def sp_decompose(graph: OpGraph) -> SPChain:
+    """The SP tree of an op graph (ops of the tree = ops of the graph, each exactly once)."""
+    preds = {op.name: graph.predecessors(op.name) for op in graph.ops}
+    return decompose_dag(graph.names, preds)
+
+
+def decompose_dag(names: Sequence[str], preds: Mapping[str, Sequence[str]]) -> SPChain:
+    """SP tree of a DAG given as names in topological order and their predecessors."""
+    order = {name: idx for idx, name in enumerate(names)}
+    skeleton = _transitive_reduction(names, preds)
+    reducer = _Reducer(names, skeleton)
+    tree = reducer.run()
+    items = _to_items(tree, order)
+    return SPChain(items=items)
+
+
+# ---- transitive reduction ---------------------------------------------------------------
+def _transitive_reduction(names: Sequence[str], preds: Mapping[str, Sequence[str]]) -> dict[str, tuple[str, ...]]:
+    """Predecessors without transitive edges (bitsets over topological positions)."""
+    pos = {name: idx for idx, name in enumerate(names)}
+    succs: dict[str, list[str]] = {name: [] for name in names}
+    for name in names:
+        for src in dict.fromkeys(preds[name]):
+            succs[src].append(name)
+    reach: dict[str, int] = {}
+    kept: dict[str, list[str]] = {name: [] for name in names}
+    for name in reversed(names):
+        targets = sorted(succs[name], key=pos.__getitem__)
+        via_others = 0
+        for tgt in targets:
+            via_others |= reach[tgt] & ~(1 << pos[tgt])
+        mine = 0
+        for tgt in targets:
+            if not via_others >> pos[tgt] & 1:
+                kept[tgt].append(name)
+            mine |= reach[tgt]
+        reach[name] = mine | (1 << pos[name])
+    return {name: tuple(kept[name]) for name in names}
+
+
+# ---- reduction of the two-terminal edge graph --------------------------------------------
+# Trees during reduction: ("op", name) | ("wire",) | ("blob", names) | ("ser", *children) | ("par", *children)
+_Tree = tuple
+
+_SOURCE, _SINK = ("src",), ("snk",)
+
+
+def _ser(first: _Tree, second: _Tree) -> _Tree:
+    parts = [part for tree in (first, second) for part in (tree[1:] if tree[0] == "ser" else (tree,))]
+    parts = [part for part in parts if part[0] != "wire"] or [("wire",)]
+    return parts[0] if len(parts) == 1 else ("ser", *parts)
+
+
+def _par(first: _Tree, second: _Tree) -> _Tree:
+    parts = [part for tree in (first, second) for part in (tree[1:] if tree[0] == "par" else (tree,))]
+    return ("par", *parts)
+
+
+class _Reducer:
+    """Series/parallel reductions on a multigraph of junctions, with merging when stuck."""
+
+    def __init__(self, names: Sequence[str], skeleton: Mapping[str, Sequence[str]]) -> None:
+        self.out: dict[tuple, dict[tuple, _Tree]] = {}
+        self.inn: dict[tuple, dict[tuple, _Tree]] = {}
+        has_succ = {src for name in names for src in skeleton[name]}
+        for name in names:
+            self._add(("in", name), ("out", name), ("op", name))
+            for src in skeleton[name]:
+                self._add(("out", src), ("in", name), ("wire",))
+            if not skeleton[name]:
+                self._add(_SOURCE, ("in", name), ("wire",))
+            if name not in has_succ:
+                self._add(("out", name), _SINK, ("wire",))
+
+    def _node(self, node: tuple) -> None:
+        self.out.setdefault(node, {})
+        self.inn.setdefault(node, {})
+
+    def _add(self, src: tuple, dst: tuple, tree: _Tree) -> None:
+        self._node(src)
+        self._node(dst)
+        old = self.out[src].get(dst)
+        merged = tree if old is None else _par(old, tree)
+        self.out[src][dst] = merged
+        self.inn[dst][src] = merged
+
+    def _remove(self, src: tuple, dst: tuple) -> _Tree:
+        tree = self.out[src].pop(dst)
+        del self.inn[dst][src]
+        return tree
+
+    def _reduce(self, work: list[tuple]) -> None:
+        while work:
+            node = work.pop()
+            if node in (_SOURCE, _SINK) or node not in self.out:
+                continue
+            if len(self.inn[node]) != 1 or len(self.out[node]) != 1:
+                continue
+            (src,) = self.inn[node]
+            (dst,) = self.out[node]
+            tree = _ser(self._remove(src, node), self._remove(node, dst))
+            del self.out[node], self.inn[node]
+            self._add(src, dst, tree)
+            work.extend((src, dst))
+
+    def run(self) -> _Tree:
+        self._reduce(list(self.out))
+        while not (len(self.out) == 2 and len(self.out[_SOURCE]) == 1 and _SINK in self.out[_SOURCE]):
+            src, dst, region = self._stuck_region()
+            ops = tuple(name for tree in region for name in _ops_of(tree))
+            for a, b in list(self._region_edges(src, dst)):
+                self._remove(a, b)
+            for node in list(self.out):
+                if node not in (src, dst, _SOURCE, _SINK) and not self.out[node] and not self.inn[node]:
+                    del self.out[node], self.inn[node]
+            self._add(src, dst, ("blob", ops) if ops else ("wire",))
+            self._reduce([src, dst])
+        return self.out[_SOURCE][_SINK]
+
+    # ---- merging a stuck region ----------------------------------------------------------
+    def _topo(self) -> list[tuple]:
+        indeg = {node: len(self.inn[node]) for node in self.out}
+        ready = [node for node, deg in indeg.items() if deg == 0]
+        order: list[tuple] = []
+        while ready:
+            node = ready.pop()
+            order.append(node)
+            for nxt in self.out[node]:
+                indeg[nxt] -= 1
+                if indeg[nxt] == 0:
+                    ready.append(nxt)
+        return order
+
+    def _ipdom(self, order: list[tuple]) -> dict[tuple, tuple]:
+        """Immediate post-dominators (iterative, on the reversed graph)."""
+        rank = {node: idx for idx, node in enumerate(reversed(order))}  # sink first
+        ipdom: dict[tuple, tuple] = {_SINK: _SINK}
+
+        def meet(a: tuple, b: tuple) -> tuple:
+            while a != b:
+                while rank[a] > rank[b]:
+                    a = ipdom[a]
+                while rank[b] > rank[a]:
+                    b = ipdom[b]
+            return a
+
+        changed = True
+        while changed:
+            changed = False
+            for node in reversed(order):
+                if node == _SINK:
+                    continue
+                done = [s for s in self.out[node] if s in ipdom]
+                if not done:
+                    continue
+                new = done[0]
+                for succ in done[1:]:
+                    new = meet(new, succ)
+                if ipdom.get(node) != new:
+                    ipdom[node] = new
+                    changed = True
+        return ipdom
+
+    def _region_edges(self, src: tuple, dst: tuple) -> Iterator[tuple[tuple, tuple]]:
+        seen = {src}
+        stack = [src]
+        while stack:
+            node = stack.pop()
+            if node == dst:
+                continue
+            for nxt in self.out[node]:
+                yield node, nxt
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+
+    def _closed(self, src: tuple, dst: tuple) -> bool:
+        edges = list(self._region_edges(src, dst))
+        interior = {b for _, b in edges} - {dst}
+        return all(pred in interior or pred == src for node in interior for pred in self.inn[node])
+
+    def _stuck_region(self) -> tuple[tuple, tuple, list[_Tree]]:
+        order = self._topo()
+        ipdom = self._ipdom(order)
+        best: tuple[int, tuple, tuple] | None = None
+        for node in order:
+            if node == _SINK or len(self.out[node]) < 2:
+                continue
+            dst = ipdom[node]
+            if not self._closed(node, dst):
+                continue
+            size = sum(1 for _ in self._region_edges(node, dst))
+            if best is None or size < best[0]:
+                best = (size, node, dst)
+        src, dst = (_SOURCE, _SINK) if best is None else best[1:]
+        region = [self.out[a][b] for a, b in self._region_edges(src, dst)]
+        return src, dst, region
+
+
+def _ops_of(tree: _Tree) -> Iterator[str]:
+    kind = tree[0]
+    if kind == "op":
+        yield tree[1]
+    elif kind == "blob":
+        yield from tree[1]
+    elif kind in ("ser", "par"):
+        for child in tree[1:]:
+            yield from _ops_of(child)
+
+
+# ---- conversion to the op-level tree --------------------------------------------------------
+def _to_items(tree: _Tree, order: Mapping[str, int]) -> tuple[SPItem, ...]:
+    kind = tree[0]
+    if kind == "wire":
+        return ()
+    if kind == "op":
+        return (SPLeaf(ops=(tree[1],)),)
+    if kind == "blob":
+        return (SPLeaf(ops=tuple(sorted(tree[1], key=order.__getitem__))),)
+    if kind == "ser":
+        return tuple(item for child in tree[1:] for item in _to_items(child, order))
+    branches = [_to_items(child, order) for child in tree[1:]]
+    nonempty = [SPChain(items=items) for items in branches if items]
+    bypass = len(nonempty) < len(branches)
+    if not nonempty:
+        return ()
+    if len(nonempty) == 1 and not bypass:
+        return nonempty[0].items
+    nonempty.sort(key=lambda chain: order[chain.ops[0]])
+    return (SPParallel(branches=tuple(nonempty), has_bypass=bypass),)

@@ -1,0 +1,134 @@
+"""Cost of a set of ops run as one stage on d data-parallel devices with micro-batch b.
+
+Per micro-batch, every device computes b / d samples: fwd and bwd are the cost table
+read at b / d. Communication per micro-batch and device:
+
+    comm_ms = 2 × (messages × latency + (recv + send bytes per sample) × b / d / bandwidth)
+
+(activations forward, the same bytes of gradients backward), where a tensor is received
+once per outside producer the stage reads and sent once per stage op read outside. The
+planner does not know the placement yet, so point-to-point traffic is costed on the
+inter-node link whenever the cluster has several nodes (the placement then tries to do
+better). The data-parallel ring all-reduce of the stage's gradients happens once per
+iteration; spread over the B samples of the mini-batch:
+
+    TPS = (fwd + bwd + comm) / b + all_reduce / B
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from graphpipe.cost.cluster import Cluster, Link
+from graphpipe.cost.cost_table import CostTable
+from graphpipe.graph.op_graph import OpGraph
+
+
+def p2p_link(cluster: Cluster) -> Link:
+    """The link the planner assumes between stages before placement."""
+    return cluster.intra_node if cluster.num_nodes <= 1 else cluster.inter_node
+
+
+def all_reduce_link(cluster: Cluster, num_devices: int) -> Link:
+    """A group that fits in one node is placed inside one node."""
+    return cluster.intra_node if num_devices <= cluster.devices_per_node else cluster.inter_node
+
+
+def ring_all_reduce_ms(link: Link, grad_bytes: float, num_devices: int) -> float:
+    """Ring all-reduce: 2 (d - 1) / d × bytes / bandwidth + 2 (d - 1) × latency; free when d = 1."""
+    if num_devices <= 1 or grad_bytes <= 0:
+        return 0.0
+    steps = 2 * (num_devices - 1)
+    return steps / num_devices * grad_bytes / (link.bandwidth_gb_per_s * 1e9) * 1e3 + steps * link.latency_us / 1e3
+
+
+def p2p_ms(link: Link, num_messages: int, num_bytes: float) -> float:
+    """Activations forward plus gradients backward for one micro-batch."""
+    if num_messages <= 0:
+        return 0.0
+    return 2 * (num_messages * link.latency_us / 1e3 + num_bytes / (link.bandwidth_gb_per_s * 1e9) * 1e3)
+
+
+def time_per_sample_ms(compute_ms: float, comm_ms: float, all_reduce_ms: float, micro_batch_size: int,
+                       global_batch_size: int) -> float:
+    return (compute_ms + comm_ms) / micro_batch_size + all_reduce_ms / global_batch_size
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageCost:
+    """One micro-batch on one device of a stage."""
+
+    fwd_ms: float
+    bwd_ms: float
+    comm_ms: float
+    all_reduce_ms: float  # once per iteration
+    tps_ms: float
+    param_bytes: int
+    act_bytes: int  # stored activations of one micro-batch on one device
+
+
+class CostModel:
+    """The planner's view of a graph's costs on a cluster, with caches for the DP."""
+
+    def __init__(self, graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int) -> None:
+        self.graph = graph
+        self.costs = costs
+        self.cluster = cluster
+        self.global_batch_size = global_batch_size
+        self.link = p2p_link(cluster)
+        self._at: dict[tuple[str, float], tuple[float, float, float]] = {}
+        ref = max(costs.micro_batch_sizes, default=1)
+        self.out_bytes_per_sample: dict[str, float] = {}
+        self.param_bytes: dict[str, int] = {}
+        for op in graph.names:
+            cost = costs.at(op, ref)
+            self.out_bytes_per_sample[op] = cost.output_bytes / ref
+            self.param_bytes[op] = cost.param_bytes
+        self.preds = {op: graph.predecessors(op) for op in graph.names}
+        self.succs = {op: graph.successors(op) for op in graph.names}
+
+    def op_at(self, op: str, batch: float) -> tuple[float, float, float]:
+        """(fwd_ms, bwd_ms, act_bytes) of `op` on `batch` samples, cached."""
+        key = (op, batch)
+        hit = self._at.get(key)
+        if hit is None:
+            cost = self.costs.at(op, batch)
+            hit = self._at[key] = (cost.fwd_ms, cost.bwd_ms, float(cost.act_bytes))
+        return hit
+
+    def all_reduce_ms(self, grad_bytes: float, num_devices: int) -> float:
+        return ring_all_reduce_ms(all_reduce_link(self.cluster, num_devices), grad_bytes, num_devices)
+
+    def boundary(self, ops: Iterable[str]) -> tuple[int, float]:
+        """(messages, bytes per sample) crossing the boundary of an op set, both directions."""
+        inside = set(ops)
+        recv = {p for op in inside for p in self.preds[op] if p not in inside}
+        send = {op for op in inside if any(s not in inside for s in self.succs[op])}
+        num_bytes = sum(self.out_bytes_per_sample[op] for op in recv | send)
+        return len(recv) + len(send), num_bytes
+
+    def stage_cost(self, ops: Iterable[str], num_devices: int, micro_batch_size: int) -> StageCost:
+        ops = tuple(ops)
+        per_device = micro_batch_size / num_devices
+        fwd = bwd = act = 0.0
+        for op in ops:
+            f, b, a = self.op_at(op, per_device)
+            fwd, bwd, act = fwd + f, bwd + b, act + a
+        params = sum(self.param_bytes[op] for op in ops)
+        messages, bytes_per_sample = self.boundary(ops)
+        comm = p2p_ms(self.link, messages, bytes_per_sample * per_device)
+        reduce_ms = self.all_reduce_ms(params, num_devices)
+        tps = time_per_sample_ms(fwd + bwd, comm, reduce_ms, micro_batch_size, self.global_batch_size)
+        return StageCost(fwd_ms=fwd, bwd_ms=bwd, comm_ms=comm, all_reduce_ms=reduce_ms, tps_ms=tps,
+                         param_bytes=params, act_bytes=round(act))
+
+
+def crossing_tensors(graph: OpGraph, stage_of: Mapping[str, int]) -> dict[tuple[int, int], tuple[str, ...]]:
+    """(src stage, dst stage) -> producer ops whose outputs cross, in topological order."""
+    found: dict[tuple[int, int], dict[str, None]] = {}
+    for src, dst in graph.edges():
+        a, b = stage_of[src], stage_of[dst]
+        if a != b:
+            found.setdefault((a, b), {})[src] = None
+    return {key: tuple(sorted(names, key=graph.index)) for key, names in found.items()}

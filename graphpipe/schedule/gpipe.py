@@ -1,0 +1,29 @@
+"""GPipe: every forward, then every backward, in micro-batch order on each stage.
+
+A chain of 3 stages with 3 micro-batches (compute only):
+
+    stage | 0   1   2   3   4   5
+    ------+-----------------------
+    s0    | F0  F1  F2  B0  B1  B2
+    s1    | F0  F1  F2  B0  B1  B2
+    s2    | F0  F1  F2  B0  B1  B2
+
+Every stage keeps all of its micro-batches in flight, so memory grows with their number.
+"""
+
+from __future__ import annotations
+
+from graphpipe.plan.stage_graph import Plan
+from graphpipe.schedule.action import Action, B, F
+from graphpipe.schedule.lower_comm import lower_comm
+from graphpipe.schedule.schedule import Schedule
+
+
+def gpipe_order(stage: int, num_micro_batches: int) -> tuple[Action, ...]:
+    return tuple(F(stage, m) for m in range(num_micro_batches)) + tuple(
+        B(stage, m) for m in range(num_micro_batches))
+
+
+def make_gpipe(plan: Plan) -> Schedule:
+    compute = {s.idx: gpipe_order(s.idx, plan.num_micro_batches(s.idx)) for s in plan.stages}
+    return lower_comm(plan, compute, "gpipe")

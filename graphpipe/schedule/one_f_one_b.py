@@ -1,0 +1,48 @@
+"""Graph-aware 1F1B (PAPER.md §5): warm-up from the in-flight count, then one forward, one backward.
+
+Stages are handled from the last to the first (`warmup.in_flight_rule`): a stage's
+warm-up is its in-flight samples / micro-batch size, so on a chain stage i of p runs
+p - i forwards first. After the warm-up each forward is followed by the oldest pending
+backward, i.e. every backward sits as early as the in-flight limit allows; forwards wait
+for all predecessor stages and backwards for all successor stages (the receives that
+`lower_comm` inserts). A chain of 3 stages with 4 micro-batches (compute only):
+
+    stage | 0   1   2   3   4   5   6   7
+    ------+-------------------------------
+    s0    | F0  F1  F2  B0  F3  B1  B2  B3
+    s1    | F0  F1  B0  F2  B1  F3  B2  B3
+    s2    | F0  B0  F1  B1  F2  B2  F3  B3
+
+With per-stage micro-batch sizes the same order runs on each stage in its own numbering;
+`kfkb` groups the backwards and forwards k at a time instead.
+"""
+
+from __future__ import annotations
+
+from graphpipe.plan.stage_graph import Plan
+from graphpipe.schedule.action import Action, B, F
+from graphpipe.schedule.lower_comm import lower_comm
+from graphpipe.schedule.schedule import Schedule
+from graphpipe.schedule.warmup import warmup_counts
+
+
+def compute_order(stage: int, num_micro_batches: int, warmup: int, group: int = 1) -> tuple[Action, ...]:
+    """`warmup` forwards, then `group` backwards and `group` forwards at a time, then the remaining backwards."""
+    order = [F(stage, m) for m in range(warmup)]
+    next_fwd, next_bwd = warmup, 0
+    while next_bwd < num_micro_batches:
+        for _ in range(group):
+            if next_bwd < next_fwd:
+                order.append(B(stage, next_bwd))
+                next_bwd += 1
+        for _ in range(group):
+            if next_fwd < num_micro_batches:
+                order.append(F(stage, next_fwd))
+                next_fwd += 1
+    return tuple(order)
+
+
+def make_one_f_one_b(plan: Plan) -> Schedule:
+    warmups = warmup_counts(plan)
+    compute = {s.idx: compute_order(s.idx, plan.num_micro_batches(s.idx), warmups[s.idx]) for s in plan.stages}
+    return lower_comm(plan, compute, "1f1b")

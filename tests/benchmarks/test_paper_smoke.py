@@ -1,0 +1,114 @@
+"""The paper benchmark's core on tiny models: the output holds every experiment, and graphpipe never loses.
+
+`benchmarks/paper/run.py --quick` runs the same experiments as the full benchmark on the tiny
+presets in seconds; this test runs it once and checks the results file, the plots and the
+invariant that a graph pipeline plan is never slower than the best sequential plan.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "paper" / "run.py"
+
+
+def load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("paper_benchmark_run", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    return load_script()
+
+
+@pytest.fixture(scope="module")
+def results(bench: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    out = tmp_path_factory.mktemp("paper")
+    bench.run_all(bench.QUICK, out)
+    return json.loads((out / "results.json").read_text()), out
+
+
+def runs_of(results: dict[str, Any], experiment: str) -> list[dict[str, Any]]:
+    return [r for r in results["runs"] if r["experiment"] == experiment]
+
+
+def test_every_experiment_and_planner_is_recorded(bench: ModuleType, results: tuple[dict[str, Any], Path]) -> None:
+    data, _ = results
+    setup = bench.QUICK
+    assert data["format"] == "graphpipe.paper-benchmark/1"
+    assert {r["experiment"] for r in data["runs"]} == set(bench.EXPERIMENTS)
+    scaling = runs_of(data, "scaling")
+    assert len(scaling) == len(setup.models) * len(setup.device_counts) * len(setup.planners)
+    for r in scaling:
+        assert r["global_batch_size"] == setup.batch_per_device * r["num_devices"]
+    assert {r["planner"] for r in runs_of(data, "ablation")} == {"sequential", "parallel-only", "graphpipe"}
+    assert {r["options"]["num_branches"] for r in runs_of(data, "branches")} == set(setup.branch_counts)
+    sizes = {r["options"]["micro_batch"] for r in runs_of(data, "micro_batch")}
+    assert sizes == {2**i for i in range(len(sizes))} and max(sizes) == setup.batch(setup.micro_batch_devices)
+    assert set(data["tables"]) == {*bench.TABLES, "costs"}
+    assert all(table.count("\n") >= 3 for table in data["tables"].values())  # title, header, rule, rows
+
+
+def test_successful_runs_are_consistent(results: tuple[dict[str, Any], Path]) -> None:
+    data, _ = results
+    for r in data["runs"]:
+        assert r["status"] in ("ok", "gave_up", "error")
+        if r["status"] != "ok":
+            assert r["reason"], r
+            continue
+        assert r["samples_per_s"] > 0 and r["depth"] >= 1 and r["num_stages"] >= r["depth"]
+        assert r["samples_per_s"] == pytest.approx(r["global_batch_size"] / r["iteration_time_s"])
+        assert all(r["global_batch_size"] % b == 0 for b in r["micro_batch_sizes"])
+        if "micro_batch" in r["options"]:
+            assert r["micro_batch_sizes"] == [r["options"]["micro_batch"]]
+        if r["planner"] in ("sequential", "pipedream", "piper"):
+            assert r["depth"] == r["num_stages"], f"{r['planner']} returned a stage graph that is not a chain"
+
+
+def test_graphpipe_never_slower_than_best_sequential(results: tuple[dict[str, Any], Path]) -> None:
+    data, _ = results
+    assert data["failures"] == [], "graphpipe gave up or a planner crashed:\n" + "\n".join(
+        f"{f['experiment']} {f['model']} {f['num_devices']} devices {f['options']}: {f['reason']}"
+        for f in data["failures"])
+    assert data["violations"] == [], "graphpipe slower than a sequential plan:\n" + "\n".join(
+        json.dumps(v) for v in data["violations"])
+    for r in data["runs"]:
+        if r["planner"] == "graphpipe" and r["status"] == "ok" and r["speedup"]:
+            assert r["speedup"] >= 1 - 1e-6
+
+
+def test_speedup_is_over_the_best_sequential_plan(bench: ModuleType) -> None:
+    def run(planner: str, samples_per_s: float, **kw: Any) -> Any:
+        return bench.Run(experiment="scaling", model="m", num_devices=4, global_batch_size=32, planner=planner,
+                         samples_per_s=samples_per_s, **kw)
+
+    runs = bench.with_speedups([run("graphpipe", 300.0), run("pipedream", 100.0), run("sequential", 200.0),
+                                run("piper", 0.0, status="gave_up", reason="too many downsets")])
+    by_planner = {r.planner: r for r in runs}
+    assert by_planner["graphpipe"].speedup == pytest.approx(1.5)
+    assert by_planner["pipedream"].speedup == pytest.approx(0.5)
+    assert by_planner["piper"].speedup == 0.0
+    assert bench.violations(runs) == []
+    slow = bench.with_speedups([run("graphpipe", 150.0), run("sequential", 200.0)])
+    assert [v["sequential_planner"] for v in bench.violations(slow)] == ["sequential"]
+
+
+def test_plots_are_written(bench: ModuleType, results: tuple[dict[str, Any], Path]) -> None:
+    data, out = results
+    expected = {f"throughput_{m}.png" for m in bench.QUICK.models} | {
+        "branch_sweep.png", "micro_batch_sweep.png", "ablation.png"}
+    assert set(data["plots"]) == expected
+    for name in expected:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

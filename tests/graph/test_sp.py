@@ -1,0 +1,106 @@
+"""Series-parallel decomposition: structure, coverage, order, and SP-ification of non-SP graphs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from graphpipe.graph.sp import SPChain, SPLeaf, SPParallel, decompose_dag, iter_parallels, merged_leaves
+
+
+def flat(chain: SPChain) -> list[str]:
+    return list(chain.ops)
+
+
+def decompose(preds: Mapping[str, Sequence[str]]) -> SPChain:
+    return decompose_dag(list(preds), preds)
+
+
+def test_chain_is_one_chain_of_leaves() -> None:
+    tree = decompose({"x": (), "a": ("x",), "b": ("a",), "out": ("b",)})
+    assert all(isinstance(item, SPLeaf) for item in tree.items)
+    assert flat(tree) == ["x", "a", "b", "out"]
+
+
+def test_diamond_is_a_parallel_block_between_fork_and_join() -> None:
+    tree = decompose({"x": (), "a": ("x",), "b": ("x",), "c": ("a", "b")})
+    assert [type(item) for item in tree.items] == [SPLeaf, SPParallel, SPLeaf]
+    par = tree.items[1]
+    assert isinstance(par, SPParallel)
+    assert [branch.ops for branch in par.branches] == [("a",), ("b",)] and not par.has_bypass
+
+
+def test_several_inputs_get_a_virtual_source() -> None:
+    tree = decompose({"u": (), "v": (), "a": ("u",), "b": ("v",), "cat": ("a", "b")})
+    assert isinstance(tree.items[0], SPParallel)
+    assert sorted(branch.ops for branch in tree.items[0].branches) == [("u", "a"), ("v", "b")]
+
+
+def test_residual_edge_is_transitive_and_dropped() -> None:
+    """x -> ln -> attn -> add(x, attn): the skip edge is implied by the path, so the skeleton is a chain."""
+    tree = decompose({"x": (), "ln": ("x",), "attn": ("ln",), "add": ("x", "attn"), "out": ("add",)})
+    assert all(isinstance(item, SPLeaf) for item in tree.items) and not merged_leaves(tree)
+
+
+def test_fork_to_join_edge_is_transitive_not_an_empty_branch() -> None:
+    tree = decompose({"x": (), "a": ("x",), "b": ("x",), "c": ("a", "b", "x")})
+    par = tree.items[1]
+    assert isinstance(par, SPParallel) and not par.has_bypass  # x -> c is implied by x -> a -> c
+    tree = decompose({"x": (), "a": ("x",), "c": ("a", "x"), "d": ("c",)})
+    assert not any(True for _ in iter_parallels(tree))
+
+
+def test_dlrm_like_graph_becomes_sp_by_transitive_reduction() -> None:
+    """The bottom MLP feeds both the interaction and the concat: SP once x -> cat is dropped."""
+    preds = {"dense": (), "emb": (), "x": ("dense",), "inter": ("x", "emb"), "cat": ("x", "inter"), "top": ("cat",)}
+    tree = decompose(preds)
+    assert not merged_leaves(tree)
+    assert sorted(flat(tree)) == sorted(preds)
+
+
+def test_non_sp_graph_is_merged_into_one_leaf() -> None:
+    """x->a, x->b, a->c, a->d, b->d, c,d->out (the N graph): its core shares one leaf, i.e. one stage."""
+    preds = {"x": (), "a": ("x",), "b": ("x",), "c": ("a",), "d": ("a", "b"), "out": ("c", "d")}
+    tree = decompose(preds)
+    merged = merged_leaves(tree)
+    assert len(merged) == 1 and set(merged[0].ops) == {"a", "b", "c", "d"}
+    assert sorted(flat(tree)) == sorted(preds)
+
+
+def test_large_branchy_graph_is_decomposed() -> None:
+    """16 branches of 64 ops (1000+ ops): one parallel block of 16 chains."""
+    preds: dict[str, tuple[str, ...]] = {"x": ()}
+    ends = []
+    for br in range(16):
+        prev = "x"
+        for idx in range(64):
+            preds[f"b{br}_{idx}"] = (prev,)
+            prev = f"b{br}_{idx}"
+        ends.append(prev)
+    preds["cat"] = tuple(ends)
+    tree = decompose(preds)
+    (par,) = list(iter_parallels(tree))
+    assert len(par.branches) == 16 and all(len(branch.items) == 64 for branch in par.branches)
+
+
+@st.composite
+def random_dags(draw: st.DrawFn) -> dict[str, tuple[str, ...]]:
+    num = draw(st.integers(2, 12))
+    preds: dict[str, tuple[str, ...]] = {"n0": ()}
+    for idx in range(1, num):
+        earlier = [f"n{j}" for j in range(idx)]
+        chosen = draw(st.lists(st.sampled_from(earlier), min_size=1, max_size=3, unique=True))
+        preds[f"n{idx}"] = tuple(chosen)
+    return preds
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_dags())
+def test_any_dag_is_covered_once_in_a_topological_order(preds: dict[str, tuple[str, ...]]) -> None:
+    tree = decompose(preds)
+    order = flat(tree)
+    assert sorted(order) == sorted(preds)
+    position = {name: idx for idx, name in enumerate(order)}
+    assert all(position[src] < position[dst] for dst, srcs in preds.items() for src in srcs)

@@ -16,8 +16,8 @@ from graphpipe.cost.cluster import Cluster
 from graphpipe.cost.cost_table import CostTable
 from graphpipe.errors import PlanningError
 from graphpipe.graph.op_graph import OpGraph
-from graphpipe.plan.api import plan_candidates
-from graphpipe.plan.stage_graph import Plan
+from graphpipe.planner.api import plan_candidates
+from graphpipe.planner.stage_graph import Plan
 
 RANKINGS = ("simulation", "tps")
 
@@ -43,7 +43,7 @@ def plan(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: 
 
 
 def _best_simulated(candidates: Sequence[Plan], costs: CostTable, cluster: Cluster) -> Plan:
-    from graphpipe.simulate.simulator import simulate
+    from graphpipe.simulation.simulator import simulate
 
     scored = []
     for candidate in candidates:

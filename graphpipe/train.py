@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from graphpipe.errors import GraphPipeError, TrainingError
-from graphpipe.plan.stage_graph import Plan
+from graphpipe.planner.stage_graph import Plan
 
 KILL_ENV = "GRAPHPIPE_KILL_AT"  # "RANK:STEP": that rank kills itself at that step (fault-injection tests)
 
@@ -197,7 +197,7 @@ def simulated_iteration_s(plan: Plan, zoo: Any, schedule: Any, leaf_modules: Any
         from graphpipe.cost.analytic import analytic_costs
         from graphpipe.cost.cluster import Cluster
         from graphpipe.graph.capture import capture
-        from graphpipe.simulate.simulator import simulate
+        from graphpipe.simulation.simulator import simulate
 
         cluster = Cluster.from_dict(plan.cluster)
         graph = capture(zoo.model, zoo.inputs, leaf_modules=leaf_modules or ())

@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "graphpipe"
-LAYERS = ("graph", "cost", "plan", "schedule", "simulate", "runtime", "models", "cli")
-PURE = ("graph", "cost", "plan", "schedule", "simulate")
+LAYERS = ("graph", "cost", "planner", "schedule", "simulation", "runtime", "models", "cli")
+PURE = ("graph", "cost", "planner", "schedule", "simulation")
 # What each layer may import from graphpipe (besides itself and the shared top-level modules).
 ALLOWED: dict[str, set[str]] = {
     "graph": set(),
     "cost": {"graph"},
-    "plan": {"graph", "cost"},
-    "schedule": {"graph", "cost", "plan"},
-    "simulate": {"graph", "cost", "plan", "schedule"},
-    "runtime": {"graph", "cost", "plan", "schedule", "models"},
+    "planner": {"graph", "cost"},
+    "schedule": {"graph", "cost", "planner"},
+    "simulation": {"graph", "cost", "planner", "schedule"},
+    "runtime": {"graph", "cost", "planner", "schedule", "models"},
     "models": set(),
 }
 
@@ -52,3 +52,15 @@ def test_imports_only_go_down(layer: str) -> None:
             if parts[0] != "graphpipe" or len(parts) < 2 or parts[1] not in LAYERS or parts[1] == layer:
                 continue
             assert parts[1] in ALLOWED[layer], f"{path.relative_to(PACKAGE)} imports {name}: {layer} may not"
+
+
+def test_public_functions_are_not_shadowed_by_subpackages() -> None:
+    """Importing every sub-package must leave `gp.plan`, `gp.simulate`, ... callable functions."""
+    import importlib
+
+    import graphpipe as gp
+
+    for layer in LAYERS:
+        importlib.import_module(f"graphpipe.{layer}")
+    for name in ("capture", "profile", "analytic_costs", "plan", "simulate", "make_schedule", "load_model"):
+        assert callable(getattr(gp, name)) and not isinstance(getattr(gp, name), type(gp)), name

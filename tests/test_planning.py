@@ -6,9 +6,9 @@ import pytest
 
 import graphpipe as gp
 from graphpipe.errors import PlanningError
-from graphpipe.plan.stage_graph import Plan
+from graphpipe.planner.stage_graph import Plan
 from graphpipe.planning import plan
-from tests.plan.factories import branches_graph, make_cluster, make_costs
+from tests.planner.factories import branches_graph, make_cluster, make_costs
 
 
 def test_rank_by_tps_picks_the_smallest_tps() -> None:
@@ -21,7 +21,7 @@ def test_rank_by_tps_picks_the_smallest_tps() -> None:
 
 
 def test_rank_by_simulation_uses_the_simulated_iteration() -> None:
-    from graphpipe.simulate.simulator import simulate
+    from graphpipe.simulation.simulator import simulate
 
     graph = branches_graph(2, 3)
     costs = make_costs(graph, overhead_ms=0.3)
@@ -35,7 +35,7 @@ def test_rank_by_simulation_uses_the_simulated_iteration() -> None:
 
 
 def test_public_name_is_callable_even_after_the_plan_package_is_imported() -> None:
-    import graphpipe.plan.api  # noqa: F401 - binds graphpipe.plan to the sub-package
+    import graphpipe.planner.api  # noqa: F401 - binds graphpipe.planner to the sub-package
 
     graph = branches_graph(2, 1)
     assert gp.plan(graph, make_costs(graph), make_cluster(2), 2, rank_by="tps").num_stages >= 1

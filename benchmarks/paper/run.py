@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/paper/run.py            # paper presets, about 6 minutes on 2 cores
     .venv/bin/python benchmarks/paper/run.py --quick    # tiny presets, seconds, into a temporary folder
 
-Every number is a simulated 1F1B iteration (`graphpipe.simulate`) of the plan a planner
-returns (`graphpipe.plan`) for a model captured on the meta device and costed by the
+Every number is a simulated 1F1B iteration (`graphpipe.simulation`) of the plan a planner
+returns (`graphpipe.planner`) for a model captured on the meta device and costed by the
 analytic V100 roofline. Writes `results.json`, one PNG per figure and prints the tables
 (markdown). Planners that give up are recorded with their reason, never dropped.
 """
@@ -170,7 +170,7 @@ class Workload:
 
 def plan_model(graph: Any, costs: Any, cluster: Any, batch: int, *, planner: str,
                micro_batch_sizes: Sequence[int] | None, memory_limit: float | None) -> Any:
-    """`graphpipe.plan`: the planner's final choice (best simulated iteration among its candidates)."""
+    """`graphpipe.planner`: the planner's final choice (best simulated iteration among its candidates)."""
     from graphpipe.planning import plan
 
     return plan(graph, costs, cluster, batch, planner=planner, micro_batch_sizes=micro_batch_sizes,
@@ -178,7 +178,7 @@ def plan_model(graph: Any, costs: Any, cluster: Any, batch: int, *, planner: str
 
 
 def simulate_plan(plan: Any, costs: Any, cluster: Any) -> Any:
-    from graphpipe.simulate.simulator import simulate
+    from graphpipe.simulation.simulator import simulate
 
     return simulate(plan, costs, cluster, schedule="1f1b")
 

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from graphpipe.plan.stage_graph import Plan
+from graphpipe.planner.stage_graph import Plan
 
 WORLD = 4
 HERE = Path(__file__).resolve().parent
@@ -52,7 +52,7 @@ def prepare(name: str, batch: int) -> dict[str, Any]:
     from graphpipe.graph.capture import capture
     from graphpipe.models import load_model
     from graphpipe.planning import plan
-    from graphpipe.simulate.simulator import simulate
+    from graphpipe.simulation.simulator import simulate
 
     zoo = load_model(name, "tiny", batch_size=batch, **MODELS[name])
     graph = capture(zoo.model, zoo.inputs)

@@ -19,7 +19,7 @@ from graphpipe.cost.presets import cluster_preset
 from graphpipe.errors import PlanningError
 from graphpipe.graph.capture import capture
 from graphpipe.models import load_model
-from graphpipe.plan.api import plan_candidates
+from graphpipe.planner.api import plan_candidates
 
 PLANNERS = ("graphpipe", "sequential", "parallel-only", "pipedream", "piper")
 HERE = Path(__file__).parent

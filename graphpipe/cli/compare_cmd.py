@@ -104,7 +104,7 @@ def compare_model(model: str, args: argparse.Namespace, devices: list[int], batc
 
 def _one(model: str, planner: str, graph: Any, costs: Any, cluster: Any, batch: int, schedule: str) -> Row:
     from graphpipe.planning import plan as make_plan
-    from graphpipe.simulate.simulator import simulate
+    from graphpipe.simulation.simulator import simulate
 
     base = {"model": model, "num_devices": cluster.num_devices, "global_batch_size": batch, "planner": planner}
     start = time.perf_counter()

@@ -83,7 +83,7 @@ def _plan_and_simulate(planner: str, graph: Any, costs: Any, cluster: Any, args:
     from graphpipe.cli.simulate_cmd import model_spec_from_args
     from graphpipe.errors import GraphPipeError
     from graphpipe.planning import plan as make_plan
-    from graphpipe.simulate.simulator import simulate
+    from graphpipe.simulation.simulator import simulate
 
     start = time.perf_counter()
     try:
@@ -131,9 +131,9 @@ def render_side_by_side(outcomes: dict[str, dict[str, Any]]) -> str:
 
 
 def _write_outputs(outcomes: dict[str, dict[str, Any]], out: Path, graph: OpGraph) -> list[str]:
-    from graphpipe.simulate.gantt import render_gantt
-    from graphpipe.simulate.stage_picture import render_stage_graph
-    from graphpipe.simulate.trace import write_chrome_trace
+    from graphpipe.simulation.gantt import render_gantt
+    from graphpipe.simulation.stage_picture import render_stage_graph
+    from graphpipe.simulation.trace import write_chrome_trace
 
     out.mkdir(parents=True, exist_ok=True)
     done = {name: o for name, o in outcomes.items() if "plan" in o}

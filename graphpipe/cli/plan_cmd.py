@@ -7,8 +7,8 @@ import dataclasses
 from typing import Any
 
 from graphpipe.cli.common import add_model_args, capture_from_args, format_bytes, positive_int, print_json
-from graphpipe.plan.api import PLANNER_NAMES
-from graphpipe.plan.stage_graph import Plan
+from graphpipe.planner.api import PLANNER_NAMES
+from graphpipe.planner.stage_graph import Plan
 
 
 def add_parser(subparsers: Any) -> None:

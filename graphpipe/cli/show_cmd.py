@@ -7,7 +7,7 @@ from typing import Any
 
 from graphpipe.cli.common import format_bytes, print_json
 from graphpipe.cli.simulate_cmd import SCHEDULES, format_table
-from graphpipe.plan.stage_graph import Plan
+from graphpipe.planner.stage_graph import Plan
 
 
 def add_parser(subparsers: Any) -> None:
@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     plan = Plan.load(args.plan)
     written = []
     if args.output:
-        from graphpipe.simulate.stage_picture import render_stage_graph
+        from graphpipe.simulation.stage_picture import render_stage_graph
 
         written.append(render_stage_graph(plan, args.output))
     if args.json:

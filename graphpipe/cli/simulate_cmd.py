@@ -17,8 +17,8 @@ from graphpipe.cli.common import format_bytes, positive_int, print_json
 from graphpipe.cost.cluster import Cluster
 from graphpipe.cost.cost_table import CostTable
 from graphpipe.errors import ModelLoadError
-from graphpipe.plan.stage_graph import Plan
-from graphpipe.simulate.result import SimResult
+from graphpipe.planner.stage_graph import Plan
+from graphpipe.simulation.result import SimResult
 
 SCHEDULES = ("1f1b", "gpipe", "kfkb")
 
@@ -50,7 +50,7 @@ def add_cost_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from graphpipe.simulate.simulator import simulate
+    from graphpipe.simulation.simulator import simulate
 
     plan = Plan.load(args.plan)
     costs = load_costs(plan, args)
@@ -67,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def write_pictures(result: SimResult, gantt: str | None, trace: str | None, *, title: str = "") -> list[str]:
-    from graphpipe.simulate.gantt import render_gantt
-    from graphpipe.simulate.trace import write_chrome_trace
+    from graphpipe.simulation.gantt import render_gantt
+    from graphpipe.simulation.trace import write_chrome_trace
 
     written = []
     if gantt:

@@ -17,7 +17,7 @@ from typing import Any
 
 from graphpipe.cli.common import format_bytes, positive_int, print_json
 from graphpipe.errors import TrainingError
-from graphpipe.plan.stage_graph import Plan
+from graphpipe.planner.stage_graph import Plan
 
 FORWARDED = ("model", "preset", "steps", "schedule", "lr", "seed", "checkpoint_dir", "save_every", "trace",
              "timeout", "threads")

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from graphpipe.errors import TrainingError
-from graphpipe.plan.stage_graph import Plan
+from graphpipe.planner.stage_graph import Plan
 from graphpipe.runtime.comm import Transport
 from graphpipe.runtime.lowering import Piece, message_pieces, share
 from graphpipe.runtime.stage_module import MODEL_OUTPUT, StageModule

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graphpipe.plan.stage_graph import Plan, Stage
+from graphpipe.planner.stage_graph import Plan, Stage
 from graphpipe.schedule.messages import message_samples
 
 

@@ -25,7 +25,7 @@ import torch.fx
 from torch import nn
 
 from graphpipe.errors import TrainingError
-from graphpipe.plan.stage_graph import Plan
+from graphpipe.planner.stage_graph import Plan
 
 MODEL_OUTPUT = "__model_output__"
 _FREE_OPS = ("placeholder", "get_attr")

@@ -17,7 +17,7 @@ from torch import nn
 
 from graphpipe.errors import ScheduleError, TrainingError
 from graphpipe.graph.tracer import trace_module
-from graphpipe.plan.stage_graph import Plan
+from graphpipe.planner.stage_graph import Plan
 from graphpipe.runtime.checkpoint import load_stage, save_stage
 from graphpipe.runtime.comm import DistTransport, Transport
 from graphpipe.runtime.executor import LossFn, StageExecutor

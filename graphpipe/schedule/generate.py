@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from graphpipe.errors import ScheduleError
-from graphpipe.plan.stage_graph import Plan
+from graphpipe.planner.stage_graph import Plan
 from graphpipe.schedule.gpipe import make_gpipe
 from graphpipe.schedule.kfkb import make_kfkb
 from graphpipe.schedule.one_f_one_b import make_one_f_one_b

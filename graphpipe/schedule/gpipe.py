@@ -13,7 +13,7 @@ Every stage keeps all of its micro-batches in flight, so memory grows with their
 
 from __future__ import annotations
 
-from graphpipe.plan.stage_graph import Plan
+from graphpipe.planner.stage_graph import Plan
 from graphpipe.schedule.action import Action, B, F
 from graphpipe.schedule.lower_comm import lower_comm
 from graphpipe.schedule.schedule import Schedule

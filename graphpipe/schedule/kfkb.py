@@ -16,7 +16,7 @@ sizes everywhere kFkB is 1F1B.
 
 from __future__ import annotations
 
-from graphpipe.plan.stage_graph import Plan
+from graphpipe.planner.stage_graph import Plan
 from graphpipe.schedule.lower_comm import lower_comm
 from graphpipe.schedule.one_f_one_b import compute_order
 from graphpipe.schedule.schedule import Schedule

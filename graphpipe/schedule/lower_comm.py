@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from graphpipe.plan.stage_graph import Plan
+from graphpipe.planner.stage_graph import Plan
 from graphpipe.schedule.action import Action, ActionKind
 from graphpipe.schedule.messages import messages_of
 from graphpipe.schedule.schedule import Schedule

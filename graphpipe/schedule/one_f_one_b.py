@@ -19,7 +19,7 @@ With per-stage micro-batch sizes the same order runs on each stage in its own nu
 
 from __future__ import annotations
 
-from graphpipe.plan.stage_graph import Plan
+from graphpipe.planner.stage_graph import Plan
 from graphpipe.schedule.action import Action, B, F
 from graphpipe.schedule.lower_comm import lower_comm
 from graphpipe.schedule.schedule import Schedule

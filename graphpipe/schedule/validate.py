@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from graphpipe.errors import ScheduleError
-from graphpipe.plan.stage_graph import Plan
+from graphpipe.planner.stage_graph import Plan
 from graphpipe.schedule.action import Action, ActionKind
 from graphpipe.schedule.grid import format_grid
 from graphpipe.schedule.messages import messages_of, micro_batch_of, num_messages

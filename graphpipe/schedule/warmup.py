@@ -1,6 +1,6 @@
 """Warm-up counts: how many forwards a stage runs before its first backward (PAPER.md §3, §5).
 
-The in-flight rule is the planner's (`graphpipe.plan.in_flight`), walked from the sink
+The in-flight rule is the planner's (`graphpipe.planner.in_flight`), walked from the sink
 back to the sources: the sink keeps one micro-batch (n = b); any other stage keeps
 n_i = max over successors j of (n_j + max(b_i, b_j)). The warm-up is n_i / b_i forwards,
 rounded up (a stage holds whole micro-batches), and never more than the stage's
@@ -9,8 +9,8 @@ micro-batch count; a plan that records its in-flight samples is followed as reco
 
 from __future__ import annotations
 
-from graphpipe.plan.in_flight import in_flight_samples
-from graphpipe.plan.stage_graph import Plan
+from graphpipe.planner.in_flight import in_flight_samples
+from graphpipe.planner.stage_graph import Plan
 
 
 def in_flight_rule(plan: Plan) -> dict[int, int]:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphpipe.plan.stage_graph import Plan
+from graphpipe.planner.stage_graph import Plan
 from tests.runtime.helpers import Branches, Chain, TwoInputs, by_target, plan_from
 
 LR = 1e-2

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from graphpipe.plan.stage_graph import Plan, Stage, StageEdge
+from graphpipe.planner.stage_graph import Plan, Stage, StageEdge
 from graphpipe.runtime.lowering import blocks, message_pieces, share
 from graphpipe.schedule.messages import num_messages
 

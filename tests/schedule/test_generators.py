@@ -15,7 +15,7 @@ from graphpipe.schedule.kfkb import group_size
 from graphpipe.schedule.one_f_one_b import compute_order
 from graphpipe.schedule.warmup import in_flight_rule, warmup_counts
 from tests.schedule.docstring_tables import docstring_table
-from tests.simulate.factories import chain, diamond, fan, make_plan
+from tests.simulation.factories import chain, diamond, fan, make_plan
 
 
 def test_one_f_one_b_docstring_table() -> None:

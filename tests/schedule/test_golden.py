@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from graphpipe.plan.stage_graph import Plan
+from graphpipe.planner.stage_graph import Plan
 from graphpipe.schedule.generate import make_schedule
 from graphpipe.schedule.schedule import Schedule
-from tests.simulate.factories import diamond, make_plan
+from tests.simulation.factories import diamond, make_plan
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES: dict[str, tuple[Callable[[], Plan], str]] = {

@@ -7,7 +7,7 @@ from graphpipe.schedule.action import Action
 from graphpipe.schedule.generate import make_schedule
 from graphpipe.schedule.grid import format_grid
 from tests.schedule.docstring_tables import docstring_table
-from tests.simulate.factories import chain, diamond, make_plan
+from tests.simulation.factories import chain, diamond, make_plan
 
 
 def _texts(actions: tuple[Action, ...]) -> list[str]:

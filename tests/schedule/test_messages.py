@@ -6,7 +6,7 @@ import pytest
 
 from graphpipe.errors import ScheduleError
 from graphpipe.schedule.messages import message_samples, messages_of, micro_batch_of, num_messages
-from tests.simulate.factories import make_plan
+from tests.simulation.factories import make_plan
 
 
 def test_equal_sizes_number_like_micro_batches() -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from graphpipe.errors import ScheduleError
-from graphpipe.plan.stage_graph import Plan
+from graphpipe.planner.stage_graph import Plan
 from graphpipe.schedule.action import Action
 from graphpipe.schedule.generate import make_schedule
 from graphpipe.schedule.schedule import Schedule
 from graphpipe.schedule.validate import validate_schedule
-from tests.simulate.factories import chain, diamond, fan, make_plan
+from tests.simulation.factories import chain, diamond, fan, make_plan
 
 PLANS = {
     "chain": lambda: chain(4, 2, 16),

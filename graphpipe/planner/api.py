@@ -1,0 +1,117 @@
+"""Planner registry and `plan_candidates`: the best validated plan per micro-batch size.
+
+Every planner maps a `PlanRequest` to partitions (one or more per micro-batch size); this
+module checks the request, turns partitions into `Plan`s, validates them, and explains
+infeasible requests with numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from graphpipe.cost.cluster import Cluster
+from graphpipe.cost.cost_table import CostTable
+from graphpipe.errors import PlanningError
+from graphpipe.graph.op_graph import OpGraph
+from graphpipe.planner.baselines.exhaustive import plan_exhaustive
+from graphpipe.planner.baselines.parallel_only import plan_parallel_only
+from graphpipe.planner.baselines.pipedream import plan_pipedream
+from graphpipe.planner.baselines.piper import plan_piper
+from graphpipe.planner.baselines.sequential import plan_sequential
+from graphpipe.planner.build import build_plan
+from graphpipe.planner.graphpipe_planner import plan_graphpipe
+from graphpipe.planner.memory import static_memory_bytes
+from graphpipe.planner.request import PlanRequest
+from graphpipe.planner.stage_graph import Plan
+from graphpipe.planner.stage_spec import Partition
+from graphpipe.planner.validate import validate_plan
+
+PlannerFn = Callable[[PlanRequest], list[Partition]]
+
+
+PLANNERS: dict[str, PlannerFn] = {
+    "graphpipe": plan_graphpipe, "sequential": plan_sequential, "parallel-only": plan_parallel_only,
+    "pipedream": plan_pipedream, "piper": plan_piper, "exhaustive": plan_exhaustive,
+}
+PLANNER_NAMES: tuple[str, ...] = tuple(PLANNERS)
+
+
+def default_micro_batch_sizes(global_batch_size: int) -> tuple[int, ...]:
+    """Powers of two that divide the mini-batch."""
+    sizes, size = [], 1
+    while size <= global_batch_size:
+        if global_batch_size % size == 0:
+            sizes.append(size)
+        size *= 2
+    return tuple(sizes)
+
+
+def make_request(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int, *,
+                 micro_batch_sizes: Sequence[int] | None = None, per_stage_micro_batch: bool = False,
+                 memory_limit: float | None = None, options: dict[str, float] | None = None) -> PlanRequest:
+    """Check the request and fill in defaults."""
+    if global_batch_size < 1:
+        raise PlanningError(f"the mini-batch must hold at least 1 sample, got {global_batch_size}")
+    if cluster.num_devices > len(graph):
+        raise PlanningError(f"{cluster.num_devices} devices but the graph has only {len(graph)} ops: "
+                            f"plan for at most {len(graph)} devices")
+    if micro_batch_sizes is None:
+        sizes = default_micro_batch_sizes(global_batch_size)
+    else:
+        sizes = tuple(sorted({int(s) for s in micro_batch_sizes if s >= 1 and global_batch_size % s == 0}))
+        if not sizes:
+            raise PlanningError(f"no micro-batch size in {list(micro_batch_sizes)} divides the mini-batch of "
+                                f"{global_batch_size}: pick sizes that divide it, e.g. "
+                                f"{list(default_micro_batch_sizes(global_batch_size))}")
+    limit = float(memory_limit) if memory_limit is not None else float(cluster.device.memory_bytes)
+    return PlanRequest(graph=graph, costs=costs, cluster=cluster, global_batch_size=global_batch_size,
+                       micro_batch_sizes=sizes, memory_limit=limit, per_stage_micro_batch=per_stage_micro_batch,
+                       options=dict(options or {}))
+
+
+def plan_candidates(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int, *,
+                    planner: str = "graphpipe", micro_batch_sizes: Sequence[int] | None = None,
+                    per_stage_micro_batch: bool = False, memory_limit: float | None = None,
+                    options: dict[str, float] | None = None) -> tuple[Plan, ...]:
+    """The best plan per micro-batch size (best predicted TPS first), each validated."""
+    start = time.perf_counter()
+    request = make_request(graph, costs, cluster, global_batch_size, micro_batch_sizes=micro_batch_sizes,
+                           per_stage_micro_batch=per_stage_micro_batch, memory_limit=memory_limit, options=options)
+    if planner not in PLANNERS:
+        raise PlanningError(f"unknown planner {planner!r}; choose one of {', '.join(PLANNER_NAMES)}")
+    partitions = PLANNERS[planner](request)
+    if not partitions:
+        raise PlanningError(_infeasible_message(request))
+    plans = [build_plan(request.model, partition, planner) for partition in partitions]
+    elapsed = time.perf_counter() - start
+    out = []
+    for plan in sorted(plans, key=lambda p: p.predicted_tps_ms):
+        validate_plan(plan, graph, cluster, memory_limit=request.memory_limit)
+        out.append(_with_search_time(plan, elapsed))
+    return tuple(out)
+
+
+def _with_search_time(plan: Plan, seconds: float) -> Plan:
+    import dataclasses
+
+    return dataclasses.replace(plan, search_time_s=seconds)
+
+
+def _infeasible_message(request: PlanRequest) -> str:
+    model = request.model
+    gib = 2**30
+    limit = request.memory_limit
+    heaviest = max(request.graph.names, key=lambda op: model.param_bytes[op])
+    op_static = static_memory_bytes(model.param_bytes[heaviest])
+    total_static = static_memory_bytes(sum(model.param_bytes.values()))
+    smallest = min(request.micro_batch_sizes)
+    acts = sum(model.op_at(op, smallest)[2] for op in request.graph.names)
+    if op_static > limit:
+        return (f"op {heaviest!r} alone needs {op_static / gib:.2f} GiB for weights, gradients and Adam state "
+                f"(4 x {model.param_bytes[heaviest] / gib:.2f} GiB) but a device has {limit / gib:.2f} GiB: "
+                "use devices with more memory or split the op")
+    return (f"no plan fits: the model needs {total_static / gib:.2f} GiB for weights, gradients and Adam state "
+            f"plus {acts / gib:.2f} GiB of activations per micro-batch of {smallest}, on {request.num_devices} "
+            f"devices of {limit / gib:.2f} GiB each: use fewer samples per micro-batch "
+            "(--micro-batch-sizes), a smaller mini-batch, or more devices")

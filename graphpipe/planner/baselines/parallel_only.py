@@ -1,0 +1,27 @@
+"""Graph stages, but the micro-batch size of the best sequential plan (the ablation of PAPER.md §6).
+
+Separates the two sources of GraphPipe's gain: parallel stages alone, without the larger
+micro-batch that the shallower pipeline makes fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from graphpipe.planner.baselines.sequential import plan_sequential
+from graphpipe.planner.graphpipe_planner import plan_graphpipe
+from graphpipe.planner.request import PlanRequest
+from graphpipe.planner.stage_spec import Partition
+
+
+def plan_parallel_only(request: PlanRequest) -> list[Partition]:
+    chains = plan_sequential(request)
+    if not chains:
+        return []
+    model = request.model
+
+    def bottleneck(partition: Partition) -> float:
+        return max(model.stage_cost(s.ops, s.num_devices, s.micro_batch_size).tps_ms for s in partition.stages)
+
+    size = min(chains, key=bottleneck).stages[0].micro_batch_size
+    return plan_graphpipe(dataclasses.replace(request, micro_batch_sizes=(size,)))

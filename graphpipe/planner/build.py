@@ -1,0 +1,94 @@
+"""Turn a partition (op sets, device counts, micro-batch sizes) into a validated-shape `Plan`.
+
+Stages are numbered in topological order of the stage graph; edges carry the producer ops
+whose outputs cross, with their bytes per sample; in-flight counts follow PAPER.md §3;
+predictions (fwd/bwd, TPS, memory) come from `CostModel.stage_cost` and `plan.memory`.
+A sequential partition gets ordering edges (no tensors) between consecutive stages so
+that its stage graph is the chain a sequential pipeline runs.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from graphpipe.errors import PlanningError
+from graphpipe.planner.in_flight import in_flight_samples
+from graphpipe.planner.memory import stage_memory_bytes
+from graphpipe.planner.placement import place
+from graphpipe.planner.stage_cost import CostModel, crossing_tensors
+from graphpipe.planner.stage_graph import Plan, Stage, StageEdge
+from graphpipe.planner.stage_spec import Partition, StageSpec
+
+
+def _topological(specs: tuple[StageSpec, ...], index_of: dict[str, int],
+                 links: set[tuple[int, int]]) -> list[int]:
+    succ: dict[int, list[int]] = {idx: [] for idx in range(len(specs))}
+    indeg = dict.fromkeys(range(len(specs)), 0)
+    for src, dst in links:
+        succ[src].append(dst)
+        indeg[dst] += 1
+    first = [min(index_of[op] for op in spec.ops) for spec in specs]
+    ready = [(first[idx], idx) for idx, deg in indeg.items() if deg == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        _, idx = heapq.heappop(ready)
+        order.append(idx)
+        for nxt in succ[idx]:
+            indeg[nxt] -= 1
+            if not indeg[nxt]:
+                heapq.heappush(ready, (first[nxt], nxt))
+    if len(order) != len(specs):
+        raise PlanningError("the stages form a cycle: some stage is not convex")
+    return order
+
+
+def build_plan(model: CostModel, partition: Partition, planner: str) -> Plan:
+    graph = model.graph
+    specs = partition.stages
+    raw_of = {op: idx for idx, spec in enumerate(specs) for op in spec.ops}
+    raw_links = set(crossing_tensors(graph, raw_of))
+    if partition.sequential:
+        raw_links |= {(idx, idx + 1) for idx in range(len(specs) - 1)}
+    order = _topological(specs, {op: graph.index(op) for op in graph.names}, raw_links)
+    specs = tuple(specs[idx] for idx in order)
+    stage_of = {op: idx for idx, spec in enumerate(specs) for op in spec.ops}
+    tensors = crossing_tensors(graph, stage_of)
+    if partition.sequential:
+        for idx in range(len(specs) - 1):
+            tensors.setdefault((idx, idx + 1), ())
+    edges = tuple(StageEdge(src=src, dst=dst, tensors=names,
+                            bytes_per_sample=sum(model.out_bytes_per_sample[op] for op in names))
+                  for (src, dst), names in sorted(tensors.items()))
+    successors: dict[int, list[int]] = {idx: [] for idx in range(len(specs))}
+    for edge in edges:
+        successors[edge.src].append(edge.dst)
+    counts = in_flight_samples(successors, {idx: spec.micro_batch_size for idx, spec in enumerate(specs)})
+    ranks = place([spec.num_devices for spec in specs], {(e.src, e.dst): e.bytes_per_sample for e in edges},
+                  model.cluster)
+    stages = []
+    for idx, spec in enumerate(specs):
+        ops = tuple(sorted(spec.ops, key=graph.index))
+        cost = model.stage_cost(ops, spec.num_devices, spec.micro_batch_size)
+        memory = stage_memory_bytes(cost.param_bytes, cost.act_bytes, counts[idx], spec.micro_batch_size)
+        stages.append(Stage(idx=idx, ops=ops, ranks=ranks[idx], micro_batch_size=spec.micro_batch_size,
+                            in_flight_samples=counts[idx], fwd_ms=cost.fwd_ms, bwd_ms=cost.bwd_ms,
+                            memory_bytes=round(memory), tps_ms=cost.tps_ms))
+    bottleneck = max(stage.tps_ms for stage in stages)
+    mixed = len({stage.micro_batch_size for stage in stages}) > 1
+    return Plan(schedule="kfkb" if mixed else "1f1b",
+                graph_name=graph.name, stages=tuple(stages), edges=edges, global_batch_size=model.global_batch_size,
+                num_devices=model.cluster.num_devices, planner=planner, predicted_tps_ms=bottleneck,
+                predicted_samples_per_s=1e3 / bottleneck if bottleneck > 0 else 0.0,
+                lower_bound_samples_per_s=lower_bound_samples_per_s(model, specs),
+                cluster=model.cluster.to_dict())
+
+
+def lower_bound_samples_per_s(model: CostModel, specs: tuple[StageSpec, ...]) -> float:
+    """Throughput if all compute were spread evenly over all devices: no bubbles, no communication."""
+    ms_per_sample = 0.0
+    for spec in specs:
+        for op in spec.ops:
+            fwd, bwd, _ = model.op_at(op, spec.micro_batch_size)
+            ms_per_sample += (fwd + bwd) / spec.micro_batch_size
+    return model.cluster.num_devices * 1e3 / ms_per_sample if ms_per_sample > 0 else 0.0

@@ -1,0 +1,130 @@
+"""Per-chain tables for the DP: prefix sums over a chain's items and boundary traffic of its segments.
+
+A segment is items [i, j) of one chain of the SP tree. Compute time, activations and
+parameters of a segment are prefix-sum differences; the traffic across its boundary
+(messages and bytes per sample, on the real op edges) is grown item by item from i, lazily,
+only as far as the DP asks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphpipe.graph.sp import SPChain, SPParallel
+from graphpipe.planner.fork_join import ForkJoin, fork_join_items
+from graphpipe.planner.stage_cost import CostModel
+
+
+class _Row:
+    """Boundary traffic of segments [i, j) for growing j."""
+
+    def __init__(self, info: ChainInfo, start: int) -> None:
+        self.info = info
+        self.next_item = start
+        self.inside: set[str] = set()
+        self.outside_succs: dict[str, int] = {}
+        self.recv: set[str] = set()
+        self.send: set[str] = set()
+        self.num_bytes = 0.0
+        self.messages: list[int] = [0]
+        self.bytes_per_sample: list[float] = [0.0]
+
+    def extend_to(self, stop: int) -> None:
+        model = self.info.model
+        size = model.out_bytes_per_sample
+        while self.next_item < stop:
+            for op in self.info.item_ops[self.next_item]:
+                self.inside.add(op)
+                for pred in model.preds[op]:
+                    if pred in self.inside:
+                        self.outside_succs[pred] -= 1
+                        if not self.outside_succs[pred] and pred in self.send:
+                            self.send.discard(pred)
+                            self.num_bytes -= size[pred]
+                    elif pred not in self.recv:
+                        self.recv.add(pred)
+                        self.num_bytes += size[pred]
+                self.outside_succs[op] = len(model.succs[op])
+                if self.outside_succs[op]:
+                    self.send.add(op)
+                    self.num_bytes += size[op]
+            self.next_item += 1
+            self.messages.append(len(self.recv) + len(self.send))
+            self.bytes_per_sample.append(self.num_bytes)
+
+
+class ChainInfo:
+    """What the DP reads about one chain, independent of the micro-batch size and the target."""
+
+    def __init__(self, model: CostModel, chain: SPChain) -> None:
+        self.model = model
+        self.chain = chain
+        self.item_ops = tuple(item.ops for item in chain.items)
+        self.num_items = len(self.item_ops)
+        prefix = [0]
+        for ops in self.item_ops:
+            prefix.append(prefix[-1] + sum(model.param_bytes[op] for op in ops))
+        self.param_prefix = prefix
+        self._per_batch: dict[float, tuple[list[float], list[float]]] = {}
+        self._rows: dict[int, _Row] = {}
+        self._arrays: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+        self._matrix: tuple[np.ndarray, np.ndarray] | None = None
+        self.next_parallel = [self.num_items] * (self.num_items + 1)  # first parallel block at or after i
+        for idx in range(self.num_items - 1, -1, -1):
+            is_par = isinstance(chain.items[idx], SPParallel)
+            self.next_parallel[idx] = idx if is_par else self.next_parallel[idx + 1]
+        self._fork_joins: dict[int, ForkJoin | None] = {}
+        self.param_array = np.array(prefix, dtype=float)
+
+    def prefix_at(self, per_device_batch: float) -> tuple[list[float], list[float]]:
+        """Prefix sums of (fwd + bwd ms, act bytes) over items at `per_device_batch` samples."""
+        hit = self._per_batch.get(per_device_batch)
+        if hit is None:
+            times, acts = [0.0], [0.0]
+            for ops in self.item_ops:
+                time_ms = act = 0.0
+                for op in ops:
+                    fwd, bwd, act_bytes = self.model.op_at(op, per_device_batch)
+                    time_ms += fwd + bwd
+                    act += act_bytes
+                times.append(times[-1] + time_ms)
+                acts.append(acts[-1] + act)
+            hit = self._per_batch[per_device_batch] = (times, acts)
+        return hit
+
+    def boundary(self, start: int, stop: int) -> tuple[int, float]:
+        """(messages, bytes per sample) crossing the boundary of items [start, stop)."""
+        row = self._rows.get(start)
+        if row is None:
+            row = self._rows[start] = _Row(self, start)
+        row.extend_to(stop)
+        return row.messages[stop - start], row.bytes_per_sample[stop - start]
+
+    def boundary_matrix(self) -> tuple[np.ndarray, np.ndarray]:
+        """(messages, bytes per sample) of every segment [i, j) as (L + 1) x (L + 1) arrays (j > i)."""
+        if self._matrix is None:
+            size = self.num_items + 1
+            messages, num_bytes = np.zeros((size, size)), np.zeros((size, size))
+            for start in range(self.num_items):
+                row = self._rows.get(start) or _Row(self, start)
+                row.extend_to(self.num_items)
+                messages[start, start:] = row.messages
+                num_bytes[start, start:] = row.bytes_per_sample
+            self._matrix = (messages, num_bytes)
+        return self._matrix
+
+    def prefix_arrays(self, per_device_batch: float) -> tuple[np.ndarray, np.ndarray]:
+        hit = self._arrays.get(per_device_batch)
+        if hit is None:
+            times, acts = self.prefix_at(per_device_batch)
+            hit = self._arrays[per_device_batch] = (np.array(times), np.array(acts))
+        return hit
+
+    def fork_join(self, start: int) -> ForkJoin | None:
+        """The fork/join block starting at item `start` (see `graphpipe.planner.fork_join`), cached."""
+        if start not in self._fork_joins:
+            self._fork_joins[start] = fork_join_items(self.chain, start)
+        return self._fork_joins[start]
+
+    def ops(self, start: int, stop: int) -> tuple[str, ...]:
+        return tuple(op for ops in self.item_ops[start:stop] for op in ops)

@@ -1,0 +1,311 @@
+"""One probe of the partitioner's DP: is there a stage graph with every stage's TPS <= target?
+
+See `graphpipe.planner.partitioner` for the method; this module holds the DP itself over the
+SP tree (need vectors per chain suffix and per parallel block) and the reconstruction of the
+stages from the choices it recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from graphpipe.graph.sp import SPChain, SPParallel
+from graphpipe.planner.chain_info import ChainInfo
+from graphpipe.planner.fork_join import block_need, emit_block
+from graphpipe.planner.stage_cost import CostModel
+from graphpipe.planner.stage_spec import StageSpec
+
+if TYPE_CHECKING:
+    from graphpipe.planner.partitioner import Search
+
+BIG = 1 << 40
+MAX_ENUMERATED_BRANCHES = 4
+_SEG, _PAR, _BLOCK = 0, 1, 2
+
+
+def divisors_up_to(value: int, limit: int) -> tuple[int, ...]:
+    """Data-parallel degrees a stage with micro-batch `value` may use: divisors of it, at most `limit`."""
+    return tuple(d for d in range(1, min(value, limit) + 1) if value % d == 0)
+
+
+@dataclass(slots=True)
+class _ChainSol:
+    need: list[list[int]]
+    choice: list[list[tuple | None]]
+
+
+@dataclass(slots=True)
+class _ParSol:
+    need: dict[int, list[int]]
+    choice: dict[int, list[tuple | None]]
+    full: int
+
+
+def breakpoints(need: list[int]) -> list[tuple[int, int]]:
+    """(v, devices) where a non-increasing need vector drops."""
+    out, last = [], BIG
+    for v, devices in enumerate(need):
+        if devices < last:
+            out.append((v, devices))
+            last = devices
+    return out
+
+
+class ParInfo:
+    """Branch order and merged-group costs of one parallel block."""
+
+    def __init__(self, model: CostModel, par: SPParallel, infos: dict[int, ChainInfo]) -> None:
+        self.par = par
+        ref = max(model.costs.micro_batch_sizes, default=1)
+        weight = [sum(sum(model.op_at(op, ref)[:2]) for op in branch.ops) for branch in par.branches]
+        self.order = sorted(range(len(par.branches)), key=lambda r: -weight[r])
+        self.branch_infos = [infos[id(par.branches[r])] for r in self.order]
+        self.model = model
+        self.interval = len(par.branches) > MAX_ENUMERATED_BRANCHES
+        self._groups: dict[int, tuple[tuple[str, ...], int, int, float]] = {}
+        self.extended: dict[tuple[int, int, int, bool], SPChain] = {}  # see fork_join.extended_chain
+
+    def group(self, mask: int) -> tuple[tuple[str, ...], int, int, float]:
+        """(ops, param bytes, messages, bytes per sample) of the branches in `mask` as one stage."""
+        hit = self._groups.get(mask)
+        if hit is None:
+            ops = tuple(op for pos, info in enumerate(self.branch_infos) if mask >> pos & 1 for op in info.chain.ops)
+            params = sum(self.model.param_bytes[op] for op in ops)
+            messages, num_bytes = self.model.boundary(ops)
+            hit = self._groups[mask] = (ops, params, messages, num_bytes)
+        return hit
+
+    def groups_of(self, mask: int) -> Iterator[int]:
+        """Groups that contain the lowest branch of `mask`."""
+        low = mask & -mask
+        if self.interval:
+            group = 0
+            pos = low
+            while pos and mask & pos:
+                group |= pos
+                yield group
+                pos <<= 1
+            return
+        rest = mask ^ low
+        sub = rest
+        while True:
+            yield sub | low
+            if not sub:
+                return
+            sub = (sub - 1) & rest
+
+
+class Probe:
+    """One DP run for a micro-batch size and a TPS target."""
+
+    def __init__(self, search: Search, target_ms: float) -> None:
+        self.s = search
+        self.target = target_ms
+        self.chain_memo: dict[tuple[int, int], _ChainSol] = {}
+        self.par_memo: dict[tuple[int, int], _ParSol] = {}
+        self.block_memo: dict[tuple[int, int, int, bool, int], tuple[list[int], list[tuple | None]]] = {}
+
+    # ---- chains --------------------------------------------------------------------------
+    def chain(self, chain: SPChain, k_after: int) -> _ChainSol:
+        key = (id(chain), k_after)
+        sol = self.chain_memo.get(key)
+        if sol is None:
+            sol = self.chain_memo[key] = self._solve_chain(chain, k_after)
+        return sol
+
+    def _solve_chain(self, chain: SPChain, k_after: int) -> _ChainSol:
+        s = self.s
+        info = s.infos[id(chain)]
+        num_items, max_v, num_devices = info.num_items, s.max_v, s.num_devices
+        need = [[BIG] * (max_v + 1) for _ in range(num_items + 1)]
+        choice: list[list[tuple | None]] = [[None] * (max_v + 1) for _ in range(num_items + 1)]
+        need[num_items] = [0 if v >= k_after else BIG for v in range(max_v + 1)]
+        breaks: list[list[tuple[int, int]]] = [[] for _ in range(num_items + 1)]
+        breaks[num_items] = breakpoints(need[num_items])
+        for start in range(num_items - 1, -1, -1):
+            row, chosen = need[start], choice[start]
+            self._segments(info, start, breaks, row, chosen)
+            item = chain.items[start]
+            if isinstance(item, SPParallel):
+                self._open(item, need[start + 1], row, chosen)
+            self._blocks(chain, start, need, row, chosen)
+            for v in range(1, max_v + 1):
+                if row[v - 1] < row[v]:
+                    row[v], chosen[v] = row[v - 1], chosen[v - 1]
+            for v in range(max_v + 1):
+                if row[v] > num_devices:
+                    row[v] = BIG
+            breaks[start] = breakpoints(row)
+        return _ChainSol(need=need, choice=choice)
+
+    def _segments(self, info: ChainInfo, start: int, breaks: list[list[tuple[int, int]]], row: list[int],
+                  chosen: list[tuple | None]) -> None:
+        """Segments [start, stop) as the first stage; only the breakpoints of the rest's vector matter
+        (the monotone pass of `_solve_chain` fills in the v between them)."""
+        target = self.target
+        for d1 in self.s.degrees:
+            for stop, compute_per_sample, tps, k_max in self.s.segment_list(info, start, d1, target):
+                if compute_per_sample > target:
+                    break
+                if tps > target:
+                    continue
+                for u, devices in breaks[stop]:
+                    if u >= k_max:
+                        break
+                    cost = devices + d1
+                    if cost < row[u + 1]:
+                        row[u + 1] = cost
+                        chosen[u + 1] = (_SEG, stop, d1, u)
+
+    def _open(self, par: SPParallel, rest: list[int], row: list[int], chosen: list[tuple | None]) -> None:
+        max_v = self.s.max_v
+        previous = BIG
+        for k_after in range(max_v + 1):
+            devices = rest[k_after]
+            if devices >= previous or devices >= BIG:
+                continue
+            previous = devices
+            sol = self.par(par, k_after)
+            block = sol.need[sol.full]
+            for v in range(k_after + 1, max_v + 1):
+                cost = block[v] + devices
+                if cost < row[v]:
+                    row[v] = cost
+                    chosen[v] = (_PAR, k_after, v)
+
+    def _blocks(self, chain: SPChain, start: int, need: list[list[int]], row: list[int],
+                chosen: list[tuple | None]) -> None:
+        """Blocks F + P, F + P + J and P + J starting at item `start` (see `fork_join`)."""
+        info = self.s.infos[id(chain)]
+        if info.next_parallel[start] >= info.num_items:
+            return
+        found = info.fork_join(start)
+        if found is None or len(found.par.branches) > MAX_ENUMERATED_BRANCHES:
+            return
+        for with_join in (False, True) if found.join is not None else (False,):
+            if found.fork is None and not with_join:
+                continue
+            rest = need[found.stop if with_join else found.par_pos + 1]
+            max_v = self.s.max_v
+            previous = BIG
+            for k_after in range(max_v + 1):
+                devices = rest[k_after]
+                if devices >= previous or devices >= BIG:
+                    continue
+                previous = devices
+                block, _ = block_need(self, found, with_join, k_after)
+                for v in range(k_after + 1, max_v + 1):
+                    cost = block[v] + devices
+                    if cost < row[v]:
+                        row[v] = cost
+                        chosen[v] = (_BLOCK, with_join, k_after, v)
+
+    # ---- parallel blocks -----------------------------------------------------------------
+    def par(self, par: SPParallel, k_after: int) -> _ParSol:
+        key = (id(par), k_after)
+        sol = self.par_memo.get(key)
+        if sol is None:
+            sol = self.par_memo[key] = self._solve_par(par, k_after)
+        return sol
+
+    def _solve_par(self, par: SPParallel, k_after: int) -> _ParSol:
+        s = self.s
+        pinfo = s.pars[id(par)]
+        max_v = s.max_v
+        full = (1 << len(par.branches)) - 1
+        base = [0 if (v >= k_after or not par.has_bypass) else BIG for v in range(max_v + 1)]
+        need: dict[int, list[int]] = {0: base}
+        choice: dict[int, list[tuple | None]] = {0: [None] * (max_v + 1)}
+        masks = self._masks(pinfo, full)
+        for mask in masks:
+            row = [BIG] * (max_v + 1)
+            chosen: list[tuple | None] = [None] * (max_v + 1)
+            for group in pinfo.groups_of(mask):
+                vec, extra = self._group_need(pinfo, group, k_after)
+                rest = need[mask ^ group]
+                for v in range(max_v + 1):
+                    cost = vec[v] + rest[v]
+                    if cost < row[v]:
+                        row[v] = cost
+                        chosen[v] = (group, extra[v])
+            need[mask] = [c if c <= s.num_devices else BIG for c in row]
+            choice[mask] = chosen
+        return _ParSol(need=need, choice=choice, full=full)
+
+    @staticmethod
+    def _masks(pinfo: ParInfo, full: int) -> list[int]:
+        """Sub-problems in the order they are needed (smaller first)."""
+        if pinfo.interval:
+            count = full.bit_length()
+            return [full & ~((1 << pos) - 1) for pos in range(count - 1, -1, -1)]
+        return sorted(range(1, full + 1), key=lambda m: bin(m).count("1"))
+
+    def _group_need(self, pinfo: ParInfo, group: int, k_after: int) -> tuple[list[int], list[int]]:
+        """Need vector of a group given k_after, and the devices of a merged group per v (0 for a branch)."""
+        max_v = self.s.max_v
+        if group & (group - 1) == 0:
+            branch = pinfo.branch_infos[group.bit_length() - 1].chain
+            return self.chain(branch, k_after).need[0], [0] * (max_v + 1)
+        devices = self._merged_devices(pinfo, group, k_after)
+        vec = [devices if v > k_after else BIG for v in range(max_v + 1)]
+        return vec, [devices] * (max_v + 1)
+
+    def _merged_devices(self, pinfo: ParInfo, group: int, k_after: int) -> int:
+        for d1, tps, k_max in self.s.group_options(pinfo, group):
+            if tps <= self.target and k_max >= k_after + 1:
+                return d1
+        return BIG
+
+    # ---- result ----------------------------------------------------------------------------
+    def best_entry(self, tree: SPChain) -> int | None:
+        need = self.chain(tree, 0).need[0]
+        for v in range(1, self.s.max_v + 1):
+            if need[v] <= self.s.num_devices:
+                return v
+        return None
+
+    def stages(self, tree: SPChain, v: int) -> list[StageSpec]:
+        out: list[StageSpec] = []
+        self.emit_chain(tree, 0, v, out)
+        return out
+
+    def emit_chain(self, chain: SPChain, k_after: int, v: int, out: list[StageSpec], start: int = 0) -> None:
+        sol = self.chain(chain, k_after)
+        info = self.s.infos[id(chain)]
+        while start < info.num_items:
+            chosen = sol.choice[start][v]
+            assert chosen is not None, "reconstructing an infeasible DP state"
+            if chosen[0] == _SEG:
+                _, stop, d1, u = chosen
+                out.append(StageSpec(ops=info.ops(start, stop), num_devices=d1,
+                                     micro_batch_size=self.s.micro_batch_size))
+                start, v = stop, u
+            elif chosen[0] == _PAR:
+                _, block_after, block_v = chosen
+                item = chain.items[start]
+                assert isinstance(item, SPParallel)
+                self.emit_par(item, block_after, block_v, out)
+                start, v = start + 1, block_after
+            else:
+                _, with_join, block_after, block_v = chosen
+                found = info.fork_join(start)
+                assert found is not None
+                emit_block(self, found, with_join, block_after, block_v, out)
+                start, v = (found.stop if with_join else found.par_pos + 1), block_after
+
+    def emit_par(self, par: SPParallel, k_after: int, v: int, out: list[StageSpec], mask: int | None = None) -> None:
+        sol = self.par(par, k_after)
+        pinfo = self.s.pars[id(par)]
+        mask = sol.full if mask is None else mask
+        while mask:
+            chosen = sol.choice[mask][v]
+            assert chosen is not None, "reconstructing an infeasible parallel state"
+            group, devices = chosen
+            if group & (group - 1) == 0:
+                self.emit_chain(pinfo.branch_infos[group.bit_length() - 1].chain, k_after, v, out)
+            else:
+                out.append(StageSpec(ops=pinfo.group(group)[0], num_devices=devices,
+                                     micro_batch_size=self.s.micro_batch_size))
+            mask ^= group

@@ -1,0 +1,60 @@
+"""Time models for communication and the optimizer step (plain arithmetic on the cluster's links).
+
+- A message between two stages is cut into rank-to-rank pieces: each stage spreads the
+  samples of its micro-batch evenly and contiguously over its ranks, and a piece is the
+  overlap of a sender rank's samples with a receiver rank's. Every rank sends (and
+  receives) its pieces one after another, each on the link between the two ranks
+  (latency + bytes / bandwidth); different ranks work in parallel, so the message takes
+  as long as the busiest rank.
+- The data-parallel all-reduce is a ring over the stage's ranks on their slowest link:
+  2 (d - 1) / d × gradient bytes / bandwidth + 2 (d - 1) × latency; free when d = 1.
+- Adam's step streams weights, gradients and both moments (4 reads, 3 writes of the
+  parameter bytes) through device memory.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from graphpipe.cost.cluster import Cluster
+from graphpipe.planner.stage_graph import Stage
+
+ADAM_PASSES = 7  # bytes moved per parameter byte by one Adam step
+
+
+def _owners(stage: Stage, start: int, stop: int) -> list[tuple[int, int, int]]:
+    """(rank, start, stop) blocks of `stage` covering samples [start, stop)."""
+    per_rank = stage.micro_batch_size // stage.data_parallel_degree
+    out, pos = [], start
+    while pos < stop:
+        block = pos // per_rank
+        end = min(stop, (block + 1) * per_rank)
+        out.append((stage.ranks[block % stage.data_parallel_degree], pos, end))
+        pos = end
+    return out
+
+
+def message_ms(cluster: Cluster, src: Stage, dst: Stage, start: int, stop: int, bytes_per_sample: float) -> float:
+    """Time to move samples [start, stop) of one edge's tensors from the ranks of `src` to those of `dst`."""
+    if bytes_per_sample <= 0 or stop <= start:
+        return 0.0
+    busy: dict[tuple[str, int], float] = defaultdict(float)
+    for rank_a, a_start, a_stop in _owners(src, start, stop):
+        for rank_b, b_start, b_stop in _owners(dst, a_start, a_stop):
+            piece_ms = cluster.link(rank_a, rank_b).transfer_ms((b_stop - b_start) * bytes_per_sample)
+            busy[("send", rank_a)] += piece_ms
+            busy[("recv", rank_b)] += piece_ms
+    return max(busy.values(), default=0.0)
+
+
+def all_reduce_ms(cluster: Cluster, ranks: tuple[int, ...], grad_bytes: int) -> float:
+    num_ranks = len(ranks)
+    if num_ranks <= 1 or grad_bytes <= 0:
+        return 0.0
+    link = cluster.group_link(ranks)
+    steps = 2 * (num_ranks - 1)
+    return steps / num_ranks * grad_bytes / (link.bandwidth_gb_per_s * 1e9) * 1e3 + steps * link.latency_us / 1e3
+
+
+def optimizer_step_ms(cluster: Cluster, param_bytes: int) -> float:
+    return ADAM_PASSES * param_bytes / (cluster.device.mem_bandwidth_gb_per_s * 1e9) * 1e3

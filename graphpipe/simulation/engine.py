@@ -1,0 +1,154 @@
+"""The event-driven core: run every stage's action list in simulated time.
+
+Each stage is one sequential stream (its ranks run in lock-step on their shares). A
+forward, backward, all-reduce or step occupies the stream for its duration. A send
+costs the stream nothing: its transfer starts when it is posted (after the previous
+transfer on the same stage pair and direction, which keeps messages in order) and
+occupies neither the sender's nor the receiver's compute. A receive holds the stream
+until its transfer has arrived. Every action remembers what it waited for, so the
+critical path can be walked back from the last optimizer step.
+
+The lists are first compiled to plain tuples (durations and message keys resolved
+once), because the planner simulates many candidate plans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from graphpipe.cost.cluster import Cluster
+from graphpipe.errors import ScheduleError
+from graphpipe.planner.stage_graph import Plan
+from graphpipe.schedule.action import Action, ActionKind
+from graphpipe.schedule.grid import format_grid
+from graphpipe.schedule.messages import message_samples
+from graphpipe.schedule.schedule import Schedule
+from graphpipe.simulation.comm_model import all_reduce_ms, message_ms, optimizer_step_ms
+from graphpipe.simulation.result import Event
+from graphpipe.simulation.stage_cost import StageCost
+
+_KIND_NAMES = {ActionKind.FORWARD: "forward", ActionKind.BACKWARD: "backward", ActionKind.SEND_ACT: "send",
+               ActionKind.SEND_GRAD: "send", ActionKind.RECV_ACT: "recv", ActionKind.RECV_GRAD: "recv",
+               ActionKind.ALL_REDUCE: "all_reduce", ActionKind.STEP: "step"}
+_RUN, _SEND, _RECV = 0, 1, 2
+
+Slot = tuple[int, int]  # (stage, position in its list)
+MessageKey = tuple[int, int, str, int]  # (sender stage, receiver stage, "F" or "B", message)
+Op = tuple[int, float, MessageKey | None, str, str, int]  # code, duration, key, text, event kind, micro-batch
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Run:
+    """What the engine saw: one event per action and transfer, and what each action waited for."""
+
+    events: tuple[Event, ...]
+    cause: Mapping[Slot, Slot | None]
+    end_ms: Mapping[Slot, float]
+
+
+def run_schedule(plan: Plan, schedule: Schedule, costs: Mapping[int, StageCost], cluster: Cluster) -> Run:
+    """Simulate one iteration of `schedule`; raise `ScheduleError` (with the grid) on a deadlock."""
+    compiled = {stage: _compile(plan, stage, actions, costs[stage], cluster)
+                for stage, actions in schedule.actions.items()}
+    return _Engine(plan, compiled).run(schedule)
+
+
+class _Engine:
+    def __init__(self, plan: Plan, compiled: Mapping[int, list[Op]]) -> None:
+        self.plan, self.compiled = plan, compiled
+        self.pos = dict.fromkeys(compiled, 0)
+        self.clock = dict.fromkeys(compiled, 0.0)
+        self.arrivals: dict[MessageKey, tuple[float, Slot]] = {}
+        self.channel_free: dict[tuple[int, int, str], float] = {}
+        self.events: list[Event] = []
+        self.cause: dict[Slot, Slot | None] = {}
+        self.end_ms: dict[Slot, float] = {}
+
+    def run(self, schedule: Schedule) -> Run:
+        progress = True
+        while progress:
+            progress = False
+            for stage in self.compiled:
+                progress = self._advance(stage) or progress
+        stuck = {s: p for s, p in self.pos.items() if p < len(self.compiled[s])}
+        if stuck:
+            waits = ", ".join(f"s{s} waits at {schedule.actions[s][p]}" for s, p in sorted(stuck.items()))
+            raise ScheduleError(f"deadlock in simulation: {waits}\n{format_grid(schedule, marks=stuck, window=8)}")
+        self.events.sort(key=lambda e: (e.start_ms, e.stage, e.end_ms))
+        return Run(events=tuple(self.events), cause=self.cause, end_ms=self.end_ms)
+
+    def _advance(self, stage: int) -> bool:
+        """Run `stage`'s actions until it finishes or blocks on a receive; True if any ran."""
+        ops, pos, clock = self.compiled[stage], self.pos[stage], self.clock[stage]
+        ranks = self.plan.stages[stage].ranks
+        start_pos = pos
+        while pos < len(ops):
+            code, duration, key, text, kind, micro_batch = ops[pos]
+            cause: Slot | None = (stage, pos - 1) if pos else None
+            end = clock + duration
+            if code == _RECV:
+                assert key is not None
+                got = self.arrivals.get(key)
+                if got is None:
+                    break
+                if got[0] > clock:
+                    end, cause = got[0], got[1]
+            elif code == _SEND:  # posted asynchronously: the stream goes on at once
+                assert key is not None
+                self._post(key, duration, clock, (stage, pos), ranks, text)
+                end = clock
+            if code != _SEND:
+                self.events.append(Event(stage=stage, ranks=ranks, action=text, kind=kind, start_ms=clock,
+                                         end_ms=end, micro_batch=micro_batch))
+            self.cause[(stage, pos)], self.end_ms[(stage, pos)] = cause, end
+            clock = end
+            pos += 1
+        self.pos[stage], self.clock[stage] = pos, clock
+        return pos > start_pos
+
+    def _post(self, key: MessageKey, duration: float, posted_ms: float, slot: Slot, ranks: tuple[int, ...],
+              text: str) -> None:
+        """Start a transfer once its channel is free; record when it arrives."""
+        channel = (key[0], key[1], key[2])
+        start = max(posted_ms, self.channel_free.get(channel, 0.0))
+        self.channel_free[channel] = start + duration
+        self.arrivals[key] = (start + duration, slot)
+        if duration > 0:
+            self.events.append(Event(stage=key[0], ranks=ranks, action=text, kind="transfer", start_ms=start,
+                                     end_ms=start + duration, micro_batch=key[3]))
+
+
+def _compile(plan: Plan, stage: int, actions: tuple[Action, ...], cost: StageCost, cluster: Cluster) -> list[Op]:
+    """Each action as (code, duration, message key, text, event kind, micro-batch)."""
+    fixed = {ActionKind.FORWARD: cost.fwd_ms, ActionKind.BACKWARD: cost.bwd_ms,
+             ActionKind.ALL_REDUCE: all_reduce_ms(cluster, plan.stages[stage].ranks, cost.param_bytes),
+             ActionKind.STEP: optimizer_step_ms(cluster, cost.param_bytes)}
+    transfer_cache: dict[tuple[int, int, int], float] = {}
+    ops: list[Op] = []
+    for action in actions:
+        kind = action.kind
+        if kind.is_send:
+            key = (stage, action.peer, kind.value[1], action.micro_batch)
+            duration = _transfer_ms(plan, cluster, key, transfer_cache)
+            ops.append((_SEND, duration, key, str(action), "send", action.micro_batch))
+        elif kind.is_recv:
+            key = (action.peer, stage, kind.value[1], action.micro_batch)
+            ops.append((_RECV, 0.0, key, str(action), "recv", action.micro_batch))
+        else:
+            ops.append((_RUN, fixed[kind], None, str(action), _KIND_NAMES[kind], action.micro_batch))
+    return ops
+
+
+def _transfer_ms(plan: Plan, cluster: Cluster, key: MessageKey, cache: dict[tuple[int, int, int], float]) -> float:
+    """Transfer time of one message; the rank pattern repeats every b_sender * b_receiver samples."""
+    sender, receiver, direction, message = key
+    src, dst = (sender, receiver) if direction == "F" else (receiver, sender)
+    per_message = message_samples(plan, src, dst)
+    start = message * per_message
+    b_send, b_recv = plan.stages[sender].micro_batch_size, plan.stages[receiver].micro_batch_size
+    cache_key = (receiver, start % (b_send * b_recv), per_message)
+    if cache_key not in cache:
+        cache[cache_key] = message_ms(cluster, plan.stages[sender], plan.stages[receiver], start,
+                                      start + per_message, plan.edge(src, dst).bytes_per_sample)
+    return cache[cache_key]

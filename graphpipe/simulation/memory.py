@@ -1,0 +1,29 @@
+"""Per-device memory in the simulation: static state plus the activations alive at the peak.
+
+Static state is weights + gradients + Adam's two moments = 4 × the stage's parameter
+bytes (`graphpipe.planner.memory`, the planner's formula). A micro-batch's activations are
+alive from the start of its forward to the end of its backward; a stage's list runs in
+order, so the peak count follows from the list alone.
+"""
+
+from __future__ import annotations
+
+from graphpipe.planner.memory import static_memory_bytes
+from graphpipe.schedule.action import Action, ActionKind
+
+
+def static_bytes(param_bytes: int) -> int:
+    """Weights, gradients and optimizer state: the planner's formula, so plan and simulation agree."""
+    return int(static_memory_bytes(param_bytes))
+
+
+def peak_live_micro_batches(actions: tuple[Action, ...]) -> int:
+    """Most micro-batches forwarded and not yet backwarded at any point of one stage's list."""
+    live = peak = 0
+    for action in actions:
+        if action.kind is ActionKind.FORWARD:
+            live += 1
+            peak = max(peak, live)
+        elif action.kind is ActionKind.BACKWARD:
+            live -= 1
+    return peak

@@ -1,0 +1,58 @@
+"""plan_candidates: one validated plan per micro-batch size; infeasible requests explained with numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from graphpipe.errors import PlanningError
+from graphpipe.planner.api import PLANNERS, default_micro_batch_sizes, plan_candidates
+from graphpipe.planner.stage_graph import Plan
+from tests.planner.factories import GiB, branches_graph, chain_graph, make_cluster, make_costs
+
+
+def test_default_micro_batch_sizes_are_powers_of_two_dividing_the_batch() -> None:
+    assert default_micro_batch_sizes(12) == (1, 2, 4)
+    assert default_micro_batch_sizes(16) == (1, 2, 4, 8, 16)
+
+
+def test_one_plan_per_micro_batch_size_best_first() -> None:
+    graph = branches_graph(2, 3)
+    plans = plan_candidates(graph, make_costs(graph, overhead_ms=0.3), make_cluster(4), 8)
+    sizes = [p.stages[0].micro_batch_size for p in plans]
+    assert set(sizes) <= {1, 2, 4, 8} and 8 in sizes
+    assert [p.predicted_tps_ms for p in plans] == sorted(p.predicted_tps_ms for p in plans)
+    for plan in plans:
+        assert plan.search_time_s > 0 and plan.planner == "graphpipe"
+        assert plan.lower_bound_samples_per_s >= plan.predicted_samples_per_s
+        assert Plan.from_dict(plan.to_dict()) == plan
+
+
+def test_registry_names() -> None:
+    assert set(PLANNERS) == {"graphpipe", "sequential", "parallel-only", "pipedream", "piper", "exhaustive"}
+
+
+def test_unknown_planner() -> None:
+    graph = chain_graph(3)
+    with pytest.raises(PlanningError, match="unknown planner"):
+        plan_candidates(graph, make_costs(graph), make_cluster(2), 4, planner="nope")
+
+
+def test_more_devices_than_ops() -> None:
+    graph = chain_graph(2)
+    with pytest.raises(PlanningError, match="8 devices but the graph has only 4 ops"):
+        plan_candidates(graph, make_costs(graph), make_cluster(8), 4)
+
+
+def test_batch_not_divisible() -> None:
+    graph = chain_graph(3)
+    with pytest.raises(PlanningError, match="divides the mini-batch of 8"):
+        plan_candidates(graph, make_costs(graph), make_cluster(2), 8, micro_batch_sizes=[3, 5])
+
+
+def test_model_that_cannot_fit_says_how_much_is_needed() -> None:
+    graph = chain_graph(4)
+    costs = make_costs(graph, param_bytes=1 << 30)
+    with pytest.raises(PlanningError, match=r"needs 16.00 GiB .* 2 devices of 8.00 GiB"):
+        plan_candidates(graph, costs, make_cluster(2), 4, memory_limit=8 * GiB)
+    with pytest.raises(PlanningError, match=r"op 'l0' alone needs 4.00 GiB"):
+        plan_candidates(graph, costs, make_cluster(2), 4, memory_limit=2 * GiB)

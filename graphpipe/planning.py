@@ -4,6 +4,8 @@ The planners optimise the bottleneck stage's time per sample (TPS), which ignore
 and cool-down, where graph pipelines gain the most. So the best plan per micro-batch size
 is kept, each is simulated (`rank_by="simulation"`), and the one with the shortest
 simulated iteration wins (PAPER.md §4, [ours]); `rank_by="tps"` picks by TPS alone.
+`parallel-only` (the ablation) takes the micro-batch size of the sequential plan that the
+same ranking picks.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ def plan(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: 
     if rank_by not in RANKINGS:
         raise PlanningError(f"unknown ranking {rank_by!r}; choose one of {', '.join(RANKINGS)}")
     start = time.perf_counter()
+    if planner == "parallel-only" and "micro_batch_size" not in (options or {}):
+        sequential = plan(graph, costs, cluster, global_batch_size, planner="sequential",
+                          micro_batch_sizes=micro_batch_sizes, per_stage_micro_batch=per_stage_micro_batch,
+                          memory_limit=memory_limit, rank_by=rank_by, options=options)
+        options = {**(options or {}), "micro_batch_size": sequential.stages[0].micro_batch_size}
     candidates = plan_candidates(graph, costs, cluster, global_batch_size, planner=planner,
                                  micro_batch_sizes=micro_batch_sizes, per_stage_micro_batch=per_stage_micro_batch,
                                  memory_limit=memory_limit, options=options)

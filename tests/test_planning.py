@@ -45,3 +45,43 @@ def test_unknown_ranking() -> None:
     graph = branches_graph(2, 1)
     with pytest.raises(PlanningError, match="unknown ranking"):
         plan(graph, make_costs(graph), make_cluster(2), 2, rank_by="luck")
+
+
+def test_mmt_tiny_in_one_micro_batch_holds_it_once_and_memory_matches_the_simulator() -> None:
+    """Mini-batch 16 in one micro-batch of 16: every stage holds 16 samples, never 32, and the planner's
+    memory per device is the simulated peak."""
+    from graphpipe.cost.analytic import analytic_costs
+    from graphpipe.cost.presets import cluster_preset
+    from graphpipe.graph.capture import capture
+    from graphpipe.models import load_model
+    from graphpipe.simulation.simulator import simulate
+
+    zoo = load_model("mmt", "tiny", device="meta")
+    graph = capture(zoo.model, zoo.inputs)
+    costs = analytic_costs(graph, "v100-16gb")
+    cluster = cluster_preset("summit", 4)
+    for planner in ("graphpipe", "sequential"):
+        best = plan(graph, costs, cluster, 16, planner=planner, micro_batch_sizes=(16,))
+        assert best.depth > 1
+        result = simulate(best, costs, cluster)
+        for stage in best.stages:
+            assert stage.in_flight_samples == 16 == result.peak_in_flight_samples[stage.idx]
+            assert all(result.peak_memory_bytes[rank] == stage.memory_bytes for rank in stage.ranks)
+
+
+def test_parallel_only_takes_the_micro_batch_of_the_sequential_plan_gp_plan_picks() -> None:
+    """The sequential candidate with the best TPS runs one micro-batch of 8 (no pipelining), the simulation
+    prefers two of 4: parallel-only follows the ranking, not the TPS."""
+    from graphpipe.planner.api import plan_candidates
+
+    graph = branches_graph(2, 4)
+    costs = make_costs(graph, overhead_ms=0.3)
+    cluster = make_cluster(4)
+    by_tps = plan_candidates(graph, costs, cluster, 8, planner="sequential")[0]
+    sequential = plan(graph, costs, cluster, 8, planner="sequential")
+    assert by_tps.stages[0].micro_batch_size == 8 and sequential.stages[0].micro_batch_size == 4
+    ablation = plan(graph, costs, cluster, 8, planner="parallel-only")
+    assert ablation.planner == "parallel-only"
+    assert {s.micro_batch_size for s in ablation.stages} == {4}
+    ablation_tps = plan(graph, costs, cluster, 8, planner="parallel-only", rank_by="tps")
+    assert {s.micro_batch_size for s in ablation_tps.stages} == {8}

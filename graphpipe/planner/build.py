@@ -63,7 +63,8 @@ def build_plan(model: CostModel, partition: Partition, planner: str) -> Plan:
     successors: dict[int, list[int]] = {idx: [] for idx in range(len(specs))}
     for edge in edges:
         successors[edge.src].append(edge.dst)
-    counts = in_flight_samples(successors, {idx: spec.micro_batch_size for idx, spec in enumerate(specs)})
+    counts = in_flight_samples(successors, {idx: spec.micro_batch_size for idx, spec in enumerate(specs)},
+                               model.global_batch_size)
     ranks = place([spec.num_devices for spec in specs], {(e.src, e.dst): e.bytes_per_sample for e in edges},
                   model.cluster)
     stages = []

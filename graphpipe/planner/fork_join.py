@@ -20,6 +20,7 @@ block" segment), so F's stage never reaches J while other branches exist.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -136,9 +137,9 @@ def _fork_stage(probe: Probe, block: ForkJoin, rf: int, rj: int | None, side: li
     last = info.num_items - 1 if (rj == rf and has_others) else info.num_items
     combined: dict[int, list[tuple[int, int]]] = {}
     for d1 in s.degrees:
-        for stop, compute_per_sample, tps, k_max in s.segment_list(info, 0, d1, probe.target):
-            if stop > last or compute_per_sample > probe.target:
-                break
+        compute, tps_row, k_maxes = s.segment_rows(info, 0, d1, probe.target)
+        for idx in range(min(bisect_right(compute, probe.target), last)):
+            stop, tps, k_max = idx + 1, tps_row[idx], k_maxes[idx]
             if tps > probe.target:
                 continue
             breaks = combined.get(stop)

@@ -3,8 +3,9 @@
 A chain is a special case of a stage DAG, and some chains are not SP-aligned (a stage that
 ends inside one branch and starts the next); so the search also runs the same DP on the
 graph linearised in topological order, with the best graph pipeline's TPS as a ceiling: it
-costs one probe per micro-batch size unless a chain is better, and then that chain is kept
-as a candidate too (the ranking by simulation decides).
+costs at most one probe per micro-batch size (none where the size's lower bound is already
+above the ceiling) unless a chain is better, and then that chain is kept as a candidate too
+(the ranking by simulation decides).
 """
 
 from __future__ import annotations

@@ -70,37 +70,38 @@ class Search:
         self.micro_batch_size = micro_batch_size
         self.memory_limit = memory_limit
         self.global_batch_size = model.global_batch_size
+        self.num_micro_batches = model.global_batch_size // micro_batch_size  # no stage holds more
         self.degrees = divisors_up_to(micro_batch_size, num_devices)
         self.max_v = num_devices + 1
         self.infos = infos
         self.pars = pars
         self._segments: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._rows: dict[tuple[int, int], dict[int, tuple[float, list[tuple[int, float, float, int]]]]] = {}
+        self._rows: dict[tuple[int, int, int], tuple[float, tuple[list[float], list[float], list[int]]]] = {}
         self._groups: dict[tuple[int, int], list[tuple[int, float, int]]] = {}
         self.best: list[StageSpec] = []
         self.lo = self.hi = 0.0
 
-    def segment_list(self, info: ChainInfo, start: int, d1: int,
-                     target_ms: float) -> list[tuple[int, float, float, int]]:
-        """(stop, compute per sample, TPS, most micro-batches in flight) of segments [start, stop) on d1
-        devices, by growing stop, while the weights and one micro-batch fit and the compute alone is
-        within `target_ms` (the DP stops there). The arrays are computed once per chain and degree
-        (vectorised over all segments); rows are cut lazily and re-cut when a larger target comes."""
-        key = (id(info), d1)
-        table = self._segments.get(key)
+    def segment_rows(self, info: ChainInfo, start: int, d1: int,
+                     target_ms: float) -> tuple[list[float], list[float], list[int]]:
+        """(compute per sample, TPS, most micro-batches in flight) of segments [start, start + 1 + idx) on d1
+        devices, by growing idx, while the weights and one micro-batch fit, at least as far as the compute
+        stays within `target_ms`. Compute never decreases along a row, so the segments within a target are
+        the prefix `bisect_right(compute, target)`. The arrays are computed once per chain and degree
+        (vectorised over all segments); rows are cut into plain lists lazily (the DP's inner loop reads
+        Python floats) and re-cut when a larger target comes."""
+        key = (id(info), d1, start)
+        hit = self._rows.get(key)
+        if hit is not None and hit[0] >= target_ms:
+            return hit[1]
+        table = self._segments.get((id(info), d1))
         if table is None:
-            table = self._segments[key] = self._segment_arrays(info, d1)
-        rows = self._rows.setdefault(key, {})
-        cached = rows.get(start)
-        if cached is not None and cached[0] >= target_ms:
-            return cached[1]
+            table = self._segments[(id(info), d1)] = self._segment_arrays(info, d1)
         compute, tps, k_max = (array[start, start + 1:] for array in table)
-        stop = int(np.searchsorted(compute, target_ms, side="right")) + 1  # one past: the DP's break sees it
-        bad = np.nonzero(k_max[:stop] < 1)[0]
-        stop = min(stop, int(bad[0]) if len(bad) else stop, len(compute))
-        row = list(zip(range(start + 1, start + 1 + stop), compute[:stop].tolist(), tps[:stop].tolist(),
-                       k_max[:stop].tolist()))
-        rows[start] = (target_ms, row)
+        bad = np.nonzero(k_max < 1)[0]
+        fits = int(bad[0]) if len(bad) else len(compute)
+        stop = min(int(np.searchsorted(compute, target_ms, side="right")) + 1, fits)
+        row = (compute[:stop].tolist(), tps[:stop].tolist(), k_max[:stop].tolist())
+        self._rows[key] = (math.inf if stop == fits else target_ms, row)
         return row
 
     def _segment_arrays(self, info: ChainInfo, d1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -117,6 +118,7 @@ class Search:
         spare = self.memory_limit - OPTIMIZER_STATE_FACTOR * params
         with np.errstate(divide="ignore", invalid="ignore"):
             k_max = np.where(act > 0, np.floor(spare / np.where(act > 0, act, 1.0)), float(BIG))
+        k_max = np.where(k_max >= self.num_micro_batches, float(BIG), k_max)  # holds the whole mini-batch
         k_max = np.where(spare < 0, -1.0, np.minimum(k_max, float(self.max_v))).astype(np.int64)
         return compute, tps, k_max
 
@@ -146,7 +148,8 @@ class Search:
                     act += act_bytes
                 tps = (compute + p2p_ms(model.link, messages, num_bytes * b / d1)) / b
                 tps += model.all_reduce_ms(params, d1) / self.global_batch_size
-                out.append((d1, tps, max_in_flight_micro_batches(params, act, self.memory_limit)))
+                out.append((d1, tps, max_in_flight_micro_batches(params, act, self.memory_limit,
+                                                                    self.num_micro_batches)))
         self._groups[key] = out
         return out
 
@@ -215,7 +218,7 @@ def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_
     narrowed to `tolerance` (the others cannot hold the optimum, and their plans are still
     within COARSE_TOLERANCE of their own).
     With `ceiling_ms`, only plans whose bottleneck is at most the ceiling are searched for (one
-    probe per size when there are none).
+    probe per size when there are none, none when the size's lower bound is above the ceiling).
     """
     infos, pars = build_tables(model, tree)
     searches: dict[int, Search] = {}
@@ -225,6 +228,8 @@ def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_
         if hint is not None and search.lower_bound_ms() > min(s.hi for s in searches.values()) * COARSE_KEEP:
             continue  # even a perfect plan at this size could not be among the best
         if ceiling_ms is not None:
+            if search.lower_bound_ms() * (1 - TOLERANCE) > ceiling_ms:
+                continue  # no plan at this size has a bottleneck within the ceiling: skip the probe
             found = search.probe(ceiling_ms)
             if found is None:
                 continue  # nothing at this size beats the ceiling

@@ -33,7 +33,8 @@ def refine_micro_batches(model: CostModel, partition: Partition, sizes: Sequence
         return model.stage_cost(spec.ops, spec.num_devices, spec.micro_batch_size).tps_ms
 
     def fits(specs: list[StageSpec]) -> bool:
-        counts = in_flight_samples(successors, {i: s.micro_batch_size for i, s in enumerate(specs)})
+        counts = in_flight_samples(successors, {i: s.micro_batch_size for i, s in enumerate(specs)},
+                                   model.global_batch_size)
         for idx, spec in enumerate(specs):
             cost = model.stage_cost(spec.ops, spec.num_devices, spec.micro_batch_size)
             if stage_memory_bytes(cost.param_bytes, cost.act_bytes, counts[idx], spec.micro_batch_size) > memory_limit:

@@ -7,6 +7,7 @@ stages from the choices it recorded.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -51,6 +52,11 @@ def breakpoints(need: list[int]) -> list[tuple[int, int]]:
             out.append((v, devices))
             last = devices
     return out
+
+
+def _feasible_breakpoints(need: list[int], num_devices: int) -> list[tuple[int, int]]:
+    """Breakpoints of a need vector that fit on the devices."""
+    return [point for point in breakpoints(need) if point[1] <= num_devices]
 
 
 class ParInfo:
@@ -123,7 +129,7 @@ class Probe:
         choice: list[list[tuple | None]] = [[None] * (max_v + 1) for _ in range(num_items + 1)]
         need[num_items] = [0 if v >= k_after else BIG for v in range(max_v + 1)]
         breaks: list[list[tuple[int, int]]] = [[] for _ in range(num_items + 1)]
-        breaks[num_items] = breakpoints(need[num_items])
+        breaks[num_items] = _feasible_breakpoints(need[num_items], num_devices)
         for start in range(num_items - 1, -1, -1):
             row, chosen = need[start], choice[start]
             self._segments(info, start, breaks, row, chosen)
@@ -137,23 +143,32 @@ class Probe:
             for v in range(max_v + 1):
                 if row[v] > num_devices:
                     row[v] = BIG
-            breaks[start] = breakpoints(row)
+            breaks[start] = _feasible_breakpoints(row, num_devices)
         return _ChainSol(need=need, choice=choice)
 
     def _segments(self, info: ChainInfo, start: int, breaks: list[list[tuple[int, int]]], row: list[int],
                   chosen: list[tuple | None]) -> None:
         """Segments [start, stop) as the first stage; only the breakpoints of the rest's vector matter
-        (the monotone pass of `_solve_chain` fills in the v between them)."""
+        (the monotone pass of `_solve_chain` fills in the v between them). A candidate needing more
+        than all the devices is never kept (`_solve_chain` marks it infeasible), so it is not tried:
+        the rest's fewest devices (its last breakpoint) must leave room for d1."""
         target = self.target
+        rows = self.s.segment_rows
+        num_devices = self.s.num_devices
         for d1 in self.s.degrees:
-            for stop, compute_per_sample, tps, k_max in self.s.segment_list(info, start, d1, target):
-                if compute_per_sample > target:
-                    break
-                if tps > target:
+            compute, tps, k_maxes = rows(info, start, d1, target)
+            room = num_devices - d1
+            for idx in range(bisect_right(compute, target)):
+                rest = breaks[start + 1 + idx]
+                if not rest or rest[-1][1] > room or tps[idx] > target:
                     continue
-                for u, devices in breaks[stop]:
+                k_max = k_maxes[idx]
+                stop = start + 1 + idx
+                for u, devices in rest:
                     if u >= k_max:
                         break
+                    if devices > room:
+                        continue
                     cost = devices + d1
                     if cost < row[u + 1]:
                         row[u + 1] = cost

@@ -99,7 +99,8 @@ def _check_devices(plan: Plan, cluster: Cluster | None) -> None:
 
 
 def _check_in_flight(plan: Plan) -> None:
-    counts = in_flight_samples(plan.successors, {s.idx: s.micro_batch_size for s in plan.stages})
+    counts = in_flight_samples(plan.successors, {s.idx: s.micro_batch_size for s in plan.stages},
+                               plan.global_batch_size)
     for stage in plan.stages:
         if stage.in_flight_samples != counts[stage.idx]:
             raise PlanValidationError(f"stage {stage.idx} holds {stage.in_flight_samples} in-flight samples but "

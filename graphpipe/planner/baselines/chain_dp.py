@@ -3,7 +3,8 @@
 `best[state]` is an array over (devices m, stages k): the smallest bottleneck TPS with
 which the ops after `state` can be staged on at most m devices in at most k stages. A stage
 followed by at most k - 1 stages holds at most k micro-batches in flight (1F1B on a chain),
-which is the memory check; the optimum over k makes it exact.
+which is the memory check (never more than the B / b micro-batches of a mini-batch); the
+optimum over k makes it exact.
 """
 
 from __future__ import annotations
@@ -32,5 +33,6 @@ def relax(best: np.ndarray, choice: np.ndarray, rest: np.ndarray, tps_ms: float,
         choice[num_devices:, 1 : cap + 1][better] = tag
 
 
-def in_flight_cap(param_bytes: float, act_bytes: float, memory_limit: float) -> int:
-    return max_in_flight_micro_batches(param_bytes, act_bytes, memory_limit)
+def in_flight_cap(param_bytes: float, act_bytes: float, memory_limit: float, num_micro_batches: int) -> int:
+    """Most micro-batches in flight that fit; unbounded when the whole mini-batch fits (no stage holds more)."""
+    return max_in_flight_micro_batches(param_bytes, act_bytes, memory_limit, num_micro_batches)

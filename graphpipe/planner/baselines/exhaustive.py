@@ -132,7 +132,7 @@ _Cache = dict[tuple[frozenset[str], int, int], StageCost]
 def _best_devices(request: PlanRequest, blocks: list[list[str]], successors: dict[int, tuple[int, ...]],
                   size: int, cache: _Cache) -> tuple[float, int, Partition] | None:
     model = request.model
-    counts = in_flight_samples(successors, dict.fromkeys(range(len(blocks)), size))
+    counts = in_flight_samples(successors, dict.fromkeys(range(len(blocks)), size), request.global_batch_size)
     options = divisors_up_to(size, request.num_devices)
     best: tuple[float, int, Partition] | None = None
     for devices in itertools.product(options, repeat=len(blocks)):

@@ -1,7 +1,10 @@
 """Graph stages, but the micro-batch size of the best sequential plan (the ablation of PAPER.md §6).
 
 Separates the two sources of GraphPipe's gain: parallel stages alone, without the larger
-micro-batch that the shallower pipeline makes fit.
+micro-batch that the shallower pipeline makes fit. The size is the option
+`micro_batch_size` when given (`gp.plan` passes the size of the sequential plan it would
+pick itself, e.g. by simulated iteration time), else that of the sequential plan with the
+best TPS.
 """
 
 from __future__ import annotations
@@ -15,13 +18,15 @@ from graphpipe.planner.stage_spec import Partition
 
 
 def plan_parallel_only(request: PlanRequest) -> list[Partition]:
-    chains = plan_sequential(request)
-    if not chains:
-        return []
-    model = request.model
+    size = request.options.get("micro_batch_size")
+    if size is None:
+        chains = plan_sequential(request)
+        if not chains:
+            return []
+        model = request.model
 
-    def bottleneck(partition: Partition) -> float:
-        return max(model.stage_cost(s.ops, s.num_devices, s.micro_batch_size).tps_ms for s in partition.stages)
+        def bottleneck(partition: Partition) -> float:
+            return max(model.stage_cost(s.ops, s.num_devices, s.micro_batch_size).tps_ms for s in partition.stages)
 
-    size = min(chains, key=bottleneck).stages[0].micro_batch_size
-    return plan_graphpipe(dataclasses.replace(request, micro_batch_sizes=(size,)))
+        size = min(chains, key=bottleneck).stages[0].micro_batch_size
+    return plan_graphpipe(dataclasses.replace(request, micro_batch_sizes=(int(size),)))

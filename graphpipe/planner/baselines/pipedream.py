@@ -59,7 +59,7 @@ def _solve(request: PlanRequest, info: ChainInfo, size: int, deadline: float) ->
                 compute = times[stop] - times[start]
                 tps = (compute + p2p_ms(model.link, messages, num_bytes * size / r)) / size
                 tps += model.all_reduce_ms(params, r) / request.global_batch_size
-                k_max = in_flight_cap(params, acts[stop] - acts[start], limit)
+                k_max = in_flight_cap(params, acts[stop] - acts[start], limit, request.global_batch_size // size)
                 relax(best[start], choices[start], best[stop], tps, r, k_max, stop * (num_devices + 1) + r)
     if not np.isfinite(best[0][num_devices, num_devices]):
         return None

@@ -84,7 +84,8 @@ def _solve(request: PlanRequest, downsets: list[int], size: int, deadline: float
             ops = [names[idx] for idx in range(diff.bit_length()) if diff >> idx & 1]
             for r in degrees:
                 cost = model.stage_cost(ops, r, size)
-                k_max = in_flight_cap(cost.param_bytes, cost.act_bytes, request.memory_limit)
+                k_max = in_flight_cap(cost.param_bytes, cost.act_bytes, request.memory_limit,
+                                      request.global_batch_size // size)
                 tags.append((upper, r))
                 relax(row, chosen, rest, cost.tps_ms, r, k_max, len(tags) - 1)
         best[lower], choice[lower] = row, chosen

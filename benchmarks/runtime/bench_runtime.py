@@ -1,14 +1,20 @@
 """Measured training throughput on this machine: graphpipe's graph plan, graphpipe's sequential plan,
-and torch.distributed.pipelining's Schedule1F1B on a sequential split, side by side in one run.
+and torch.distributed.pipelining's Schedule1F1B on a sequential split, side by side in one run;
+and the simulator's prediction of the measured iteration time.
 
     .venv/bin/python benchmarks/runtime/bench_runtime.py            # writes results/runtime.json
     .venv/bin/python benchmarks/runtime/bench_runtime.py --rounds 3 --iters 3 --models mmt
 
+First a gloo ping-pong between two processes measures the loopback link (`calibrate_host.py`).
 Per model: profile the ops on one CPU thread, calibrate the `cpu` device to that profile
-(`graphpipe.cost.calibrate`), plan with the graphpipe and sequential planners on a
-`local-cpu` cluster of 4 workers with the calibrated device, and simulate both plans.
-Then 4 ranks (gloo, one thread each) train all three variants, interleaved round by
-round so that machine noise hits each alike; each round times `--iters` iterations.
+(`graphpipe.cost.calibrate`), measure the runtime's per-action overheads (a one-rank trainer's
+forward and backward minus the profile of their ops) and the Adam step, plan with the graphpipe
+and sequential planners on a plain `local-cpu` model (the ops alone), and simulate both plans
+with the full model (shared cores, action overheads, measured link, the loss all-reduce) and
+with each term left out (the ablation). Then 4 ranks (gloo, one thread each) train all three
+variants, interleaved round by round so that machine noise hits each alike; each round times
+`--iters` iterations and records how much of the cores other processes used meanwhile; the
+prediction is compared with the median of the quiet rounds (other processes < 10% of the cores).
 torch pipelining runs the sequential plan's stages (its ops, its micro-batch size).
 """
 
@@ -33,7 +39,12 @@ from torch import nn
 
 from graphpipe.planner.stage_graph import Plan
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from calibrate_host import measure_executor_overheads, measure_link, measure_overheads
+
 WORLD = 4
+CPUS = os.cpu_count() or 1
+QUIET = 0.1  # a round is quiet when other processes used less than this share of the cores
 HERE = Path(__file__).resolve().parent
 MODELS: dict[str, dict[str, Any]] = {
     # the zoo's tiny presets, widened so that compute, not Python overhead, dominates an op
@@ -43,45 +54,113 @@ MODELS: dict[str, dict[str, Any]] = {
 
 
 # ---- planning (parent process) ------------------------------------------------------------------
-def prepare(name: str, batch: int) -> dict[str, Any]:
-    """Profile, calibrate, plan (graph and sequential) and simulate one model."""
+# Model terms of the prediction; the ablation removes one at a time.
+TERMS = ("measured_op_costs", "shared_cores", "action_overheads", "measured_link", "loss_all_reduce")
+
+
+def prepare(name: str, batch: int, link: dict[str, float]) -> dict[str, Any]:
+    """Profile, calibrate (ops, per-action overheads, link), plan (graph and sequential) and simulate one model."""
     from graphpipe.cost.analytic import analytic_costs
     from graphpipe.cost.calibrate import fit_device
-    from graphpipe.cost.cluster import Cluster
+    from graphpipe.cost.cluster import Cluster, Link
     from graphpipe.cost.profile import profile
     from graphpipe.graph.capture import capture
     from graphpipe.models import load_model
     from graphpipe.planning import plan
-    from graphpipe.simulation.simulator import simulate
 
     zoo = load_model(name, "tiny", batch_size=batch, **MODELS[name])
     graph = capture(zoo.model, zoo.inputs)
     sizes = [s for s in (1, 2, 4, 8, 16, 32) if batch % s == 0 and s <= batch]
     measured = profile(graph, zoo.model, sizes, example_inputs=zoo.inputs, num_threads=1, progress=False)
     fit = fit_device(graph, measured)
-    cluster = dataclasses.replace(Cluster.preset("local-cpu", WORLD), device=fit.device)
     costs = analytic_costs(graph, fit.device, micro_batch_sizes=sizes)
-    shared = shared_cores(fit.device)
-    shared_cluster = dataclasses.replace(cluster, device=shared)
-    shared_costs = analytic_costs(graph, shared, micro_batch_sizes=sizes)
-    out: dict[str, Any] = {"model": name, "options": MODELS[name], "batch": batch, "calibration": str(fit)}
+    loopback = Link(name="gloo-loopback-measured", latency_us=link["latency_us"],
+                    bandwidth_gb_per_s=link["bandwidth_gb_per_s"])
+    plain = dataclasses.replace(Cluster.preset("local-cpu", WORLD), device=fit.device, cores_per_node=None)
+    probe = plan(graph, costs, plain, batch, planner="sequential", micro_batch_sizes=[s for s in sizes
+                                                                                      if batch // s >= WORLD])
+    overheads = measure_overheads(zoo.model, zoo.inputs, zoo.targets, zoo.loss_fn, probe, measured,
+                                  probe.stages[0].micro_batch_size)
+    # the whole model as one stage on a tiny micro-batch, so that the fixed part of an action dominates
+    whole = plan(graph, costs, plain.with_devices(1), batch, planner="sequential", micro_batch_sizes=[1])
+    overheads["executor"] = measure_executor_overheads(
+        load_model(name, "tiny", batch_size=batch, seed=0, **MODELS[name]).model, zoo.inputs, zoo.targets,
+        zoo.loss_fn, whole, measured)
+    device = calibrated_device(fit.device, overheads)
+    cluster = dataclasses.replace(plain, device=device, intra_node=loopback, inter_node=loopback,
+                                  cores_per_node=os.cpu_count() or 1)
+    out: dict[str, Any] = {"model": name, "options": MODELS[name], "batch": batch, "calibration": str(fit),
+                           "device": device.to_dict(), "cluster": cluster.to_dict(), "overheads": overheads}
     for planner in ("graphpipe", "sequential"):
-        planned = plan(graph, costs, cluster, batch, planner=planner)
-        result = simulate(planned, costs, cluster, "1f1b")
-        contended = simulate(planned, shared_costs, shared_cluster, "1f1b")
-        out[planner] = {"plan": planned.to_dict(), "simulated_iteration_s": result.iteration_time_s,
-                        "simulated_shared_cores_iteration_s": contended.iteration_time_s,
+        # torch pipelining's 1F1B needs at least one micro-batch per stage: the chain baseline keeps to that
+        allowed = sizes if planner == "graphpipe" else [s for s in sizes if batch // s >= WORLD]
+        # planned on the plain model (the ops alone), as before, so that the variants stay the pipelines that
+        # are compared with torch pipelining; the calibrated model only predicts
+        planned = plan(graph, costs, plain, batch, planner=planner, micro_batch_sizes=allowed)
+        tables = {"measured": measured, "fitted": costs}
+        out[planner] = {"plan": planned.to_dict(), "predictions": predictions(planned, tables, cluster, fit.device),
+                        "simulated_actions_ms": simulated_actions(planned, measured, cluster),
                         "stages": [str(s) for s in planned.stages], "depth": planned.depth}
     return out
 
 
-def shared_cores(device: Any) -> Any:
-    """The calibrated device slowed by cores / ranks: 4 ranks on fewer cores share them when all are busy."""
-    share = min(1.0, (os.cpu_count() or WORLD) / WORLD)
-    return dataclasses.replace(device, name=f"{device.name}-shared", peak_tflops=device.peak_tflops * share,
-                               elementwise_tflops=device.elementwise_tflops * share,
-                               mem_bandwidth_gb_per_s=device.mem_bandwidth_gb_per_s * share,
-                               kernel_overhead_us=device.kernel_overhead_us / share)
+def calibrated_device(device: Any, overheads: dict[str, Any]) -> Any:
+    """The fitted device with the executor's measured per-action overheads and the optimizer step's fixed cost
+    (per stage, on top of streaming its state)."""
+    from graphpipe.simulation.comm_model import ADAM_PASSES
+
+    stream_ms = [ADAM_PASSES * r["param_bytes"] / (device.mem_bandwidth_gb_per_s * 1e9) * 1e3
+                 for r in overheads["stages"]]
+    step_us = statistics.mean(max(0.0, m - s) * 1e3 for m, s in zip(overheads["step_ms"], stream_ms))
+    executor = overheads["executor"]
+    return dataclasses.replace(device, name=f"{device.name}-host",
+                               fwd_action_overhead_us=max(0.0, executor["fwd_action_overhead_us"]),
+                               bwd_action_overhead_us=max(0.0, executor["bwd_action_overhead_us"]),
+                               step_overhead_us=step_us)
+
+
+def predictions(planned: Plan, costs: dict[str, Any], cluster: Any, fitted: Any) -> dict[str, float]:
+    """Simulated iteration (s) with every term, without each one in turn, and with none (the ops alone)."""
+    out = {"full": predict(planned, costs, cluster, fitted, TERMS)}
+    for term in TERMS:
+        out[f"without_{term}"] = predict(planned, costs, cluster, fitted, tuple(t for t in TERMS if t != term))
+    out["ops_only"] = predict(planned, costs, cluster, fitted, ())
+    return out
+
+
+def simulated_actions(planned: Plan, costs: Any, cluster: Any) -> dict[int, dict[str, float]]:
+    """Per rank: simulated ms per event kind in one iteration (what `action_times` measures)."""
+    from graphpipe.simulation.simulator import simulate
+
+    events = simulate(planned, costs, cluster, "1f1b").timeline.events
+    out: dict[int, dict[str, float]] = {}
+    for event in events:
+        if event.kind != "transfer":
+            for rank in event.ranks:
+                out.setdefault(rank, {})
+                out[rank][event.kind] = out[rank].get(event.kind, 0.0) + event.duration_ms
+    return out
+
+
+def predict(planned: Plan, costs: dict[str, Any], cluster: Any, fitted: Any, terms: tuple[str, ...]) -> float:
+    """One simulated iteration with the chosen model terms; the rest fall back to the plain model (op costs
+    from the fitted device, independent cores, no action overheads, the preset loopback link, no loss
+    all-reduce)."""
+    from graphpipe.cost.cluster import Cluster
+    from graphpipe.simulation.comm_model import all_reduce_ms
+    from graphpipe.simulation.simulator import simulate
+
+    preset = Cluster.preset("local-cpu", WORLD)
+    model = dataclasses.replace(
+        cluster, cores_per_node=cluster.cores_per_node if "shared_cores" in terms else None,
+        device=cluster.device if "action_overheads" in terms else fitted,
+        intra_node=cluster.intra_node if "measured_link" in terms else preset.intra_node,
+        inter_node=cluster.inter_node if "measured_link" in terms else preset.inter_node)
+    table = costs["measured"] if "measured_op_costs" in terms else costs["fitted"]
+    seconds = simulate(planned, table, model, "1f1b").iteration_time_s
+    if "loss_all_reduce" in terms:  # trainer.step sums the loss over all ranks after the schedule
+        seconds += all_reduce_ms(model, tuple(range(planned.world_size)), 4) / 1e3
+    return seconds
 
 
 # ---- ranks --------------------------------------------------------------------------------------
@@ -141,7 +220,7 @@ def pipelining_stage(model: nn.Module, plan: Plan, rank: int) -> ChainStage:
     return ChainStage(stages[rank], carry(rank), carry_out)
 
 
-def _variants(prepared: dict[str, Any], rank: int) -> dict[str, Any]:
+def _variants(prepared: dict[str, Any], rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
     from graphpipe.models import load_model
     from graphpipe.runtime.trainer import PipelineTrainer
     from graphpipe.train import shuffled_batch
@@ -150,16 +229,27 @@ def _variants(prepared: dict[str, Any], rank: int) -> dict[str, Any]:
     zoo = load_model(name, "tiny", batch_size=batch, seed=0, **MODELS[name])
     inputs, targets = shuffled_batch(zoo, 0, 0)
     runners: dict[str, Any] = {}
+    trainers: dict[str, Any] = {}
     for planner in ("graphpipe", "sequential"):
         plan = Plan.from_dict(prepared[planner]["plan"])
         model = load_model(name, "tiny", batch_size=batch, seed=0, **MODELS[name]).model
         trainer = PipelineTrainer(model, plan, optimizer=lambda ps: torch.optim.Adam(ps, lr=1e-4),
                                   loss_fn=zoo.loss_fn, schedule="1f1b")
         runners[planner] = lambda t=trainer: t.step(inputs, targets)
+        trainers[planner] = trainer
     seq = Plan.from_dict(prepared["sequential"]["plan"])
     if is_chain(seq):
         runners["torch-pipelining"] = _pipelining_runner(seq, name, batch, rank, inputs, targets, zoo.loss_fn)
-    return runners
+    return runners, trainers
+
+
+def action_times(trainer: Any) -> dict[str, float]:
+    """Seconds this rank spent per action kind in the trainer's last iteration (its executor's events)."""
+    totals: dict[str, float] = {}
+    for event in trainer.executor.events:
+        kind = event.action.kind.name.lower()
+        totals[kind] = totals.get(kind, 0.0) + event.end_s - event.start_s
+    return totals
 
 
 def is_chain(plan: Plan) -> bool:
@@ -193,34 +283,64 @@ def _pipelining_runner(plan: Plan, name: str, batch: int, rank: int, inputs: Any
     return run
 
 
+def cpu_snapshot(pids: list[int]) -> tuple[float, float]:
+    """(busy CPU seconds of the whole machine, CPU seconds of `pids`) from /proc; (0, 0) where there is none."""
+    try:
+        tick = os.sysconf("SC_CLK_TCK")
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        values = [int(v) for v in fields]
+        busy = sum(values) - values[3] - (values[4] if len(values) > 4 else 0)  # all but idle and iowait
+        ours = 0
+        for pid in pids:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ours += int(stat[11]) + int(stat[12])  # utime, stime
+        return busy / tick, ours / tick
+    except (OSError, ValueError, IndexError):
+        return 0.0, 0.0
+
+
 def _rank_main(rank: int, port: int, prepared: list[dict[str, Any]], rounds: int, iters: int, out: Any) -> None:
     torch.set_num_threads(1)
     try:
         store = dist.TCPStore("127.0.0.1", port, WORLD + 1, is_master=False, timeout=timedelta(seconds=120))
         dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD, timeout=timedelta(seconds=120))
+        pids: list[Any] = [None] * WORLD
+        dist.all_gather_object(pids, os.getpid())
         for item in prepared:
-            runners = _variants(item, rank)
+            runners, trainers = _variants(item, rank)
             times: dict[str, list[float]] = {k: [] for k in runners}
+            other: dict[str, list[float]] = {k: [] for k in runners}  # cores' share used by other processes
+            ours_load: dict[str, list[float]] = {k: [] for k in runners}  # cores the 4 ranks kept busy
+            actions: dict[str, list[dict[str, float]]] = {k: [] for k in trainers}
             for run in runners.values():  # warm-up
                 run()
                 run()
             for _ in range(rounds):
                 for key, run in runners.items():
                     dist.barrier()
+                    busy, ours = cpu_snapshot(pids) if rank == 0 else (0.0, 0.0)
                     start = time.perf_counter()
                     for _ in range(iters):
                         run()
                     dist.barrier()
-                    times[key].append((time.perf_counter() - start) / iters)
+                    wall = time.perf_counter() - start
+                    times[key].append(wall / iters)
+                    if rank == 0:
+                        busy_end, ours_end = cpu_snapshot(pids)
+                        other[key].append(max(0.0, (busy_end - busy) - (ours_end - ours)) / (wall * CPUS))
+                        ours_load[key].append((ours_end - ours) / wall)
+                    if key in trainers:
+                        actions[key].append(action_times(trainers[key]))
+            out.put(("actions", (item["model"], rank), actions))
             if rank == 0:
-                out.put(("times", item["model"], times))
+                out.put(("times", item["model"], {"times": times, "other": other, "ours": ours_load}))
         dist.destroy_process_group()
     except BaseException:
         out.put(("error", rank, traceback.format_exc()))
     out.put(("done", rank, None))
 
 
-def measure(prepared: list[dict[str, Any]], rounds: int, iters: int) -> dict[str, dict[str, list[float]]]:
+def measure(prepared: list[dict[str, Any]], rounds: int, iters: int) -> tuple[dict[str, Any], dict[Any, Any]]:
     ctx = mp.get_context("spawn")
     store = dist.TCPStore("127.0.0.1", 0, WORLD + 1, is_master=True, wait_for_workers=False)
     queue: Any = ctx.Queue()
@@ -228,6 +348,7 @@ def measure(prepared: list[dict[str, Any]], rounds: int, iters: int) -> dict[str
     for proc in procs:
         proc.start()
     results: dict[str, dict[str, list[float]]] = {}
+    actions: dict[Any, Any] = {}
     done = 0
     while done < WORLD:
         kind, key, payload = queue.get(timeout=1800)
@@ -235,32 +356,56 @@ def measure(prepared: list[dict[str, Any]], rounds: int, iters: int) -> dict[str
             raise RuntimeError(f"rank {key} failed:\n{payload}")
         if kind == "times":
             results[key] = payload
+        if kind == "actions":
+            actions[key] = payload
         done += kind == "done"
     for proc in procs:
         proc.join()
-    return results
+    return results, actions
 
 
 # ---- report -------------------------------------------------------------------------------------
-def summarise(item: dict[str, Any], times: dict[str, list[float]]) -> dict[str, Any]:
+def measured_actions(actions: dict[Any, Any], model: str, variant: str) -> dict[int, dict[str, float]]:
+    """Per rank: median over rounds of the ms spent per action kind in one iteration."""
+    out: dict[int, dict[str, float]] = {}
+    for (name, rank), per_variant in sorted(actions.items()):
+        rounds = per_variant.get(variant, []) if name == model else []
+        kinds = {k for r in rounds for k in r}
+        if rounds:
+            out[rank] = {k: 1e3 * statistics.median(r.get(k, 0.0) for r in rounds) for k in sorted(kinds)}
+    return out
+
+
+def summarise(item: dict[str, Any], measured_rounds: dict[str, Any], actions: dict[Any, Any]) -> dict[str, Any]:
+    """Per variant: samples/s over all rounds; the prediction against the median of the quiet rounds
+    (other processes used < QUIET of the cores), or of all rounds when none was quiet."""
     batch = item["batch"]
     rows: dict[str, Any] = {}
-    for key, seconds in times.items():
+    for key, seconds in measured_rounds["times"].items():
         rates = sorted(batch / s for s in seconds)
+        other = measured_rounds["other"].get(key, [])
+        quiet = [s for s, load in zip(seconds, other) if load < QUIET]
         rows[key] = {"samples_per_s_median": statistics.median(rates), "samples_per_s_min": rates[0],
                      "samples_per_s_max": rates[-1], "iteration_s_median": statistics.median(seconds),
-                     "iteration_s_all": seconds}
+                     "iteration_s_all": seconds, "other_load_all": other, "num_quiet_rounds": len(quiet),
+                     "busy_cores_all": measured_rounds.get("ours", {}).get(key, []),
+                     "iteration_s_quiet_median": statistics.median(quiet) if quiet else None}
         if key in ("graphpipe", "sequential"):
-            measured = statistics.median(seconds)
-            for field in ("simulated_iteration_s", "simulated_shared_cores_iteration_s"):
-                rows[key][field] = item[key][field]
-            rows[key]["prediction_error"] = (item[key]["simulated_iteration_s"] - measured) / measured
-            rows[key]["prediction_error_shared_cores"] = (
-                item[key]["simulated_shared_cores_iteration_s"] - measured) / measured
+            measured = statistics.median(quiet or seconds)
+            everything = statistics.median(seconds)
+            predicted = item[key]["predictions"]
+            rows[key]["simulated_iteration_s"] = predicted["full"]
+            rows[key]["prediction_error"] = (predicted["full"] - measured) / measured
+            rows[key]["prediction_error_all_rounds"] = (predicted["full"] - everything) / everything
+            rows[key]["actions_ms"] = {"measured": measured_actions(actions, item["model"], key),
+                                       "simulated": item[key]["simulated_actions_ms"]}
+            rows[key]["ablation"] = {name: {"simulated_iteration_s": value, "error": (value - measured) / measured}
+                                     for name, value in predicted.items()}
     base = rows.get("torch-pipelining", {}).get("samples_per_s_median")
     ratios = {k: v["samples_per_s_median"] / base for k, v in rows.items()} if base else {}
     return {**{k: v for k, v in item.items() if k not in ("graphpipe", "sequential")},
-            "plans": {k: {"stages": item[k]["stages"], "depth": item[k]["depth"]} for k in ("graphpipe", "sequential")},
+            "plans": {k: {"stages": item[k]["stages"], "depth": item[k]["depth"], "plan": item[k]["plan"]}
+                      for k in ("graphpipe", "sequential")},
             "variants": rows, "ratio_to_torch_pipelining": ratios}
 
 
@@ -274,27 +419,44 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    prepared = [prepare(name, args.batch) for name in args.models.split(",")]
+    link = measure_link()
+    print(f"loopback: {link['latency_us']:.0f} us one way, {link['bandwidth_gb_per_s']:.2f} GB/s", file=sys.stderr)
+    prepared = [prepare(name, args.batch, link) for name in args.models.split(",")]
     for item in prepared:
         print(f"{item['model']}: {item['calibration']}", file=sys.stderr)
+        dev = item["device"]
+        print(f"  per action: forward {dev['fwd_action_overhead_us']:.0f} us, backward "
+              f"{dev['bwd_action_overhead_us']:.0f} us, optimizer step {dev['step_overhead_us']:.0f} us",
+              file=sys.stderr)
         for key in ("graphpipe", "sequential"):
             print(f"  {key}: depth {item[key]['depth']}, {item[key]['stages']}", file=sys.stderr)
-    times = measure(prepared, args.rounds, args.iters)
-    report = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "ranks": WORLD, "threads_per_rank": 1},
+    times, actions = measure(prepared, args.rounds, args.iters)
+    report = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "ranks": WORLD, "threads_per_rank": 1,
+                          "load_average": os.getloadavg()}, "link": link,
               "rounds": args.rounds, "iters_per_round": args.iters,
-              "models": [summarise(item, times[item["model"]]) for item in prepared]}
+              "models": [summarise(item, times[item["model"]], actions) for item in prepared]}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     for model in report["models"]:
         print(model["model"])
         for key, row in model["variants"].items():
             sim = row.get("simulated_iteration_s")
-            extra = (f", simulated {sim * 1e3:.1f} ms ({row['prediction_error']:+.0%}), shared cores "
-                     f"{row['simulated_shared_cores_iteration_s'] * 1e3:.1f} ms "
-                     f"({row['prediction_error_shared_cores']:+.0%})") if sim else ""
+            ablation = ", ".join(f"{k} {v['error']:+.0%}" for k, v in row.get("ablation", {}).items()
+                                 if k != "full")
+            extra = f", simulated {sim * 1e3:.1f} ms ({row['prediction_error']:+.0%}; {ablation})" if sim else ""
+            quiet = row["iteration_s_quiet_median"]
+            quiet_text = f", quiet {row['num_quiet_rounds']} rounds {quiet * 1e3:.1f} ms" if quiet else ""
+            if row["busy_cores_all"]:
+                quiet_text += f", ranks busy {statistics.median(row['busy_cores_all']):.2f} cores"
             print(f"  {key:>16}: {row['samples_per_s_median']:8.1f} samples/s "
                   f"[{row['samples_per_s_min']:.1f}, {row['samples_per_s_max']:.1f}], "
-                  f"{row['iteration_s_median'] * 1e3:.1f} ms{extra}")
+                  f"{row['iteration_s_median'] * 1e3:.1f} ms{quiet_text}{extra}")
+        for key in ("graphpipe", "sequential"):
+            acts = model["variants"][key]["actions_ms"]
+            for rank, measured in acts["measured"].items():
+                simulated = acts["simulated"].get(rank, acts["simulated"].get(str(rank), {}))
+                print(f"    {key} rank {rank} ms measured/simulated: " + ", ".join(
+                    f"{k} {v:.1f}/{simulated.get(k, 0.0):.1f}" for k, v in measured.items()))
         print("  ratio to torch pipelining:", {k: round(v, 3) for k, v in model["ratio_to_torch_pipelining"].items()})
     return 0
 

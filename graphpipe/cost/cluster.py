@@ -2,6 +2,9 @@
 
 A cluster is `num_nodes` nodes of `devices_per_node` identical devices; ranks are numbered
 node by node, so ranks r and r' share a node iff r // devices_per_node == r' // devices_per_node.
+`cores_per_node` is None for accelerators (each device computes on its own); a number says the
+devices are worker processes that share that many host cores (the `local-cpu` cluster), so the
+simulator lets at most that many of a node's ranks compute at once.
 Presets live in `graphpipe.cost.presets`.
 """
 
@@ -25,6 +28,11 @@ class Device:
     kernel_overhead_us: float  # fixed cost of launching one kernel
     elementwise_tflops: float = 0.0  # non-matmul throughput; 0 means peak_tflops / 8
     matmul_half_rows: float = 64.0  # GEMM rows (M) at which a matmul reaches half of peak_tflops
+    # Fixed host cost of one forward / backward action of a stage, whatever its ops: the runtime's
+    # dispatch of the stage module, slicing, the autograd.backward call. A per-op profile misses it.
+    fwd_action_overhead_us: float = 0.0
+    bwd_action_overhead_us: float = 0.0
+    step_overhead_us: float = 0.0  # fixed cost of one optimizer step (on top of streaming the state)
 
     def __post_init__(self) -> None:
         if min(self.peak_tflops, self.mem_bandwidth_gb_per_s) <= 0 or self.memory_bytes <= 0:
@@ -32,12 +40,17 @@ class Device:
         if min(self.kernel_overhead_us, self.elementwise_tflops, self.matmul_half_rows) < 0:
             raise ClusterError(f"device {self.name!r}: kernel overhead, elementwise throughput and "
                                "matmul_half_rows must be >= 0")
+        if min(self.fwd_action_overhead_us, self.bwd_action_overhead_us, self.step_overhead_us) < 0:
+            raise ClusterError(f"device {self.name!r}: action and step overheads must be >= 0, got "
+                               f"{self.fwd_action_overhead_us}, {self.bwd_action_overhead_us} and "
+                               f"{self.step_overhead_us} us")
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "peak_tflops": self.peak_tflops,
                 "mem_bandwidth_gb_per_s": self.mem_bandwidth_gb_per_s, "memory_bytes": self.memory_bytes,
                 "kernel_overhead_us": self.kernel_overhead_us, "elementwise_tflops": self.elementwise_tflops,
-                "matmul_half_rows": self.matmul_half_rows}
+                "matmul_half_rows": self.matmul_half_rows, "fwd_action_overhead_us": self.fwd_action_overhead_us,
+                "bwd_action_overhead_us": self.bwd_action_overhead_us, "step_overhead_us": self.step_overhead_us}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Device:
@@ -79,11 +92,15 @@ class Cluster:
     devices_per_node: int
     intra_node: Link
     inter_node: Link
+    cores_per_node: int | None = None  # host cores a node's devices share; None = independent accelerators
 
     def __post_init__(self) -> None:
         if self.num_devices < 1 or self.devices_per_node < 1:
             raise ClusterError(f"cluster {self.name!r}: needs >= 1 device and >= 1 device per node, "
                                f"got {self.num_devices} and {self.devices_per_node}")
+        if self.cores_per_node is not None and self.cores_per_node < 1:
+            raise ClusterError(f"cluster {self.name!r}: cores_per_node must be >= 1 or None, "
+                               f"got {self.cores_per_node}")
 
     @property
     def num_nodes(self) -> int:
@@ -103,18 +120,18 @@ class Cluster:
     def with_devices(self, num_devices: int) -> Cluster:
         return Cluster(name=self.name, device=self.device, num_devices=num_devices,
                        devices_per_node=self.devices_per_node, intra_node=self.intra_node,
-                       inter_node=self.inter_node)
+                       inter_node=self.inter_node, cores_per_node=self.cores_per_node)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "device": self.device.to_dict(), "num_devices": self.num_devices,
                 "devices_per_node": self.devices_per_node, "intra_node": self.intra_node.to_dict(),
-                "inter_node": self.inter_node.to_dict()}
+                "inter_node": self.inter_node.to_dict(), "cores_per_node": self.cores_per_node}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Cluster:
         return cls(name=data["name"], device=Device.from_dict(data["device"]), num_devices=data["num_devices"],
                    devices_per_node=data["devices_per_node"], intra_node=Link.from_dict(data["intra_node"]),
-                   inter_node=Link.from_dict(data["inter_node"]))
+                   inter_node=Link.from_dict(data["inter_node"]), cores_per_node=data.get("cores_per_node"))
 
     @staticmethod
     def preset(name: str, num_devices: int | None = None) -> Cluster:

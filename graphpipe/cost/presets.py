@@ -12,6 +12,7 @@ Link bandwidths are per direction between one pair of devices.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from graphpipe.cost.cluster import Cluster, Device, Link
@@ -97,9 +98,11 @@ def _dgx_h100(num_devices: int) -> Cluster:
 
 
 def _local_cpu(num_devices: int) -> Cluster:
-    # Every worker is on this one machine: one node, loopback on both link kinds.
+    # Every worker is on this one machine: one node, loopback on both link kinds, and the workers
+    # share the machine's cores (os.cpu_count() when the preset is built).
     return Cluster(name="local-cpu", device=DEVICE_PRESETS["cpu"], num_devices=num_devices,
-                   devices_per_node=num_devices, intra_node=_LOOPBACK, inter_node=_LOOPBACK)
+                   devices_per_node=num_devices, intra_node=_LOOPBACK, inter_node=_LOOPBACK,
+                   cores_per_node=os.cpu_count() or 1)
 
 
 # name -> (builder, default number of devices)

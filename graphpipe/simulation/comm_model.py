@@ -4,12 +4,13 @@
   samples of its micro-batch evenly and contiguously over its ranks, and a piece is the
   overlap of a sender rank's samples with a receiver rank's. Every rank sends (and
   receives) its pieces one after another, each on the link between the two ranks
-  (latency + bytes / bandwidth); different ranks work in parallel, so the message takes
-  as long as the busiest rank.
+  (latency + bytes / bandwidth, and one more latency for every further tensor of the
+  edge: the runtime sends each crossing tensor as its own message); different ranks work
+  in parallel, so the message takes as long as the busiest rank.
 - The data-parallel all-reduce is a ring over the stage's ranks on their slowest link:
   2 (d - 1) / d × gradient bytes / bandwidth + 2 (d - 1) × latency; free when d = 1.
 - Adam's step streams weights, gradients and both moments (4 reads, 3 writes of the
-  parameter bytes) through device memory.
+  parameter bytes) through device memory, plus the device's fixed `step_overhead_us`.
 """
 
 from __future__ import annotations
@@ -34,14 +35,18 @@ def _owners(stage: Stage, start: int, stop: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def message_ms(cluster: Cluster, src: Stage, dst: Stage, start: int, stop: int, bytes_per_sample: float) -> float:
-    """Time to move samples [start, stop) of one edge's tensors from the ranks of `src` to those of `dst`."""
+def message_ms(cluster: Cluster, src: Stage, dst: Stage, start: int, stop: int, bytes_per_sample: float,
+               num_tensors: int = 1) -> float:
+    """Time to move samples [start, stop) of one edge's `num_tensors` tensors from the ranks of `src` to
+    those of `dst`."""
     if bytes_per_sample <= 0 or stop <= start:
         return 0.0
     busy: dict[tuple[str, int], float] = defaultdict(float)
     for rank_a, a_start, a_stop in _owners(src, start, stop):
         for rank_b, b_start, b_stop in _owners(dst, a_start, a_stop):
-            piece_ms = cluster.link(rank_a, rank_b).transfer_ms((b_stop - b_start) * bytes_per_sample)
+            link = cluster.link(rank_a, rank_b)
+            piece_ms = (link.transfer_ms((b_stop - b_start) * bytes_per_sample)
+                        + (max(1, num_tensors) - 1) * link.latency_us / 1e3)
             busy[("send", rank_a)] += piece_ms
             busy[("recv", rank_b)] += piece_ms
     return max(busy.values(), default=0.0)
@@ -57,4 +62,5 @@ def all_reduce_ms(cluster: Cluster, ranks: tuple[int, ...], grad_bytes: int) -> 
 
 
 def optimizer_step_ms(cluster: Cluster, param_bytes: int) -> float:
-    return ADAM_PASSES * param_bytes / (cluster.device.mem_bandwidth_gb_per_s * 1e9) * 1e3
+    device = cluster.device
+    return ADAM_PASSES * param_bytes / (device.mem_bandwidth_gb_per_s * 1e9) * 1e3 + device.step_overhead_us / 1e3

@@ -8,6 +8,11 @@ occupies neither the sender's nor the receiver's compute. A receive holds the st
 until its transfer has arrived. Every action remembers what it waited for, so the
 critical path can be walked back from the last optimizer step.
 
+When the ranks of a node share fewer host cores than there are ranks (`Cluster.cores_per_node`,
+see `cores.py`), compute actions also wait for a free core; the engine then runs one action
+at a time, always of the stage that is ready earliest, so that cores go to requests in time
+order. Otherwise each stage runs ahead as far as it can (faster, and the same times).
+
 The lists are first compiled to plain tuples (durations and message keys resolved
 once), because the planner simulates many candidate plans.
 """
@@ -25,6 +30,7 @@ from graphpipe.schedule.grid import format_grid
 from graphpipe.schedule.messages import message_samples
 from graphpipe.schedule.schedule import Schedule
 from graphpipe.simulation.comm_model import all_reduce_ms, message_ms, optimizer_step_ms
+from graphpipe.simulation.cores import CorePool, cores_are_shared
 from graphpipe.simulation.result import Event
 from graphpipe.simulation.stage_cost import StageCost
 
@@ -51,12 +57,13 @@ def run_schedule(plan: Plan, schedule: Schedule, costs: Mapping[int, StageCost],
     """Simulate one iteration of `schedule`; raise `ScheduleError` (with the grid) on a deadlock."""
     compiled = {stage: _compile(plan, stage, actions, costs[stage], cluster)
                 for stage, actions in schedule.actions.items()}
-    return _Engine(plan, compiled).run(schedule)
+    cores = CorePool(plan, cluster) if cores_are_shared(plan, cluster) else None
+    return _Engine(plan, compiled, cores).run(schedule)
 
 
 class _Engine:
-    def __init__(self, plan: Plan, compiled: Mapping[int, list[Op]]) -> None:
-        self.plan, self.compiled = plan, compiled
+    def __init__(self, plan: Plan, compiled: Mapping[int, list[Op]], cores: CorePool | None = None) -> None:
+        self.plan, self.compiled, self.cores = plan, compiled, cores
         self.pos = dict.fromkeys(compiled, 0)
         self.clock = dict.fromkeys(compiled, 0.0)
         self.arrivals: dict[MessageKey, tuple[float, Slot]] = {}
@@ -66,11 +73,14 @@ class _Engine:
         self.end_ms: dict[Slot, float] = {}
 
     def run(self, schedule: Schedule) -> Run:
-        progress = True
-        while progress:
-            progress = False
-            for stage in self.compiled:
-                progress = self._advance(stage) or progress
+        if self.cores is None:
+            progress = True
+            while progress:
+                progress = False
+                for stage in self.compiled:
+                    progress = self._advance(stage) or progress
+        else:
+            self._run_in_time_order()
         stuck = {s: p for s, p in self.pos.items() if p < len(self.compiled[s])}
         if stuck:
             waits = ", ".join(f"s{s} waits at {schedule.actions[s][p]}" for s, p in sorted(stuck.items()))
@@ -78,15 +88,37 @@ class _Engine:
         self.events.sort(key=lambda e: (e.start_ms, e.stage, e.end_ms))
         return Run(events=tuple(self.events), cause=self.cause, end_ms=self.end_ms)
 
-    def _advance(self, stage: int) -> bool:
-        """Run `stage`'s actions until it finishes or blocks on a receive; True if any ran."""
+    def _run_in_time_order(self) -> None:
+        """Run one action at a time, of the stage that is ready earliest (ties: lower stage)."""
+        while True:
+            ready = [(self.clock[s], s) for s, p in self.pos.items()
+                     if p < len(self.compiled[s]) and self._can_run(s, p)]
+            if not ready:
+                return
+            self._advance(min(ready)[1], limit=1)
+
+    def _can_run(self, stage: int, pos: int) -> bool:
+        code, _, key, *_ = self.compiled[stage][pos]
+        return code != _RECV or key in self.arrivals
+
+    def _advance(self, stage: int, limit: int | None = None) -> bool:
+        """Run `stage`'s actions (at most `limit`) until it finishes or blocks on a receive; True if any ran."""
         ops, pos, clock = self.compiled[stage], self.pos[stage], self.clock[stage]
         ranks = self.plan.stages[stage].ranks
         start_pos = pos
-        while pos < len(ops):
+        stop = len(ops) if limit is None else min(len(ops), pos + limit)
+        while pos < stop:
             code, duration, key, text, kind, micro_batch = ops[pos]
             cause: Slot | None = (stage, pos - 1) if pos else None
             end = clock + duration
+            if code == _RUN and self.cores is not None and duration > 0:
+                duration = self.cores.duration_ms(stage, duration)
+                start, waited = self.cores.acquire(stage, clock, duration, (stage, pos))
+                if start > clock:
+                    self.events.append(Event(stage=stage, ranks=ranks, action=text, kind="core_wait",
+                                             start_ms=clock, end_ms=start, micro_batch=micro_batch))
+                    clock, cause = start, waited
+                end = clock + duration
             if code == _RECV:
                 assert key is not None
                 got = self.arrivals.get(key)
@@ -149,6 +181,7 @@ def _transfer_ms(plan: Plan, cluster: Cluster, key: MessageKey, cache: dict[tupl
     b_send, b_recv = plan.stages[sender].micro_batch_size, plan.stages[receiver].micro_batch_size
     cache_key = (receiver, start % (b_send * b_recv), per_message)
     if cache_key not in cache:
+        edge = plan.edge(src, dst)
         cache[cache_key] = message_ms(cluster, plan.stages[sender], plan.stages[receiver], start,
-                                      start + per_message, plan.edge(src, dst).bytes_per_sample)
+                                      start + per_message, edge.bytes_per_sample, len(edge.tensors))
     return cache[cache_key]

@@ -13,7 +13,7 @@ from typing import Any
 
 from graphpipe.serde import int_keys
 
-EVENT_KINDS = ("forward", "backward", "send", "recv", "transfer", "all_reduce", "step")
+EVENT_KINDS = ("forward", "backward", "send", "recv", "transfer", "all_reduce", "step", "core_wait")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -35,7 +35,7 @@ def simulate(plan: Plan, costs: CostTable, cluster: Cluster | None = None,
     else:
         sched = schedule
         validate_schedule(sched, plan)
-    per_stage = stage_costs(plan, costs)
+    per_stage = stage_costs(plan, costs, cluster.device)
     run = run_schedule(plan, sched, per_stage, cluster)
     iteration_ms = max(run.end_ms.values(), default=0.0)
     peak_live = {s: peak_live_micro_batches(sched.actions[s]) for s in sched.stages}

@@ -1,13 +1,16 @@
 """Per-stage numbers the simulator runs on, summed from the cost table over a stage's ops.
 
 Each rank of a data-parallel stage computes micro_batch_size / d samples of every
-micro-batch, so the table is read at that (possibly fractional) batch size.
+micro-batch, so the table is read at that (possibly fractional) batch size. A device with
+per-action overheads (`Device.fwd_action_overhead_us`, ...) adds them once per forward and
+per backward of the stage: the runtime's host work that no op's profile contains.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from graphpipe.cost.cluster import Device
 from graphpipe.cost.cost_table import CostTable
 from graphpipe.planner.stage_graph import Plan, Stage
 
@@ -22,12 +25,15 @@ class StageCost:
     param_bytes: int  # weights of the stage (each rank holds a full copy)
 
 
-def stage_cost(stage: Stage, costs: CostTable) -> StageCost:
+def stage_cost(stage: Stage, costs: CostTable, device: Device | None = None) -> StageCost:
     per_rank = stage.micro_batch_size / stage.data_parallel_degree
     parts = [costs.at(op, per_rank) for op in stage.ops]
-    return StageCost(fwd_ms=sum(p.fwd_ms for p in parts), bwd_ms=sum(p.bwd_ms for p in parts),
+    fwd_extra_ms = device.fwd_action_overhead_us / 1e3 if device else 0.0
+    bwd_extra_ms = device.bwd_action_overhead_us / 1e3 if device else 0.0
+    return StageCost(fwd_ms=sum(p.fwd_ms for p in parts) + fwd_extra_ms,
+                     bwd_ms=sum(p.bwd_ms for p in parts) + bwd_extra_ms,
                      act_bytes=sum(p.act_bytes for p in parts), param_bytes=sum(p.param_bytes for p in parts))
 
 
-def stage_costs(plan: Plan, costs: CostTable) -> dict[int, StageCost]:
-    return {stage.idx: stage_cost(stage, costs) for stage in plan.stages}
+def stage_costs(plan: Plan, costs: CostTable, device: Device | None = None) -> dict[int, StageCost]:
+    return {stage.idx: stage_cost(stage, costs, device) for stage in plan.stages}

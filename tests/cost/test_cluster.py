@@ -38,3 +38,29 @@ def test_round_trip_and_resize() -> None:
 def test_bad_values_raise() -> None:
     with pytest.raises(ClusterError):
         Link(name="x", latency_us=1, bandwidth_gb_per_s=0)
+
+
+def test_shared_cores_and_overheads_round_trip_and_old_json_loads() -> None:
+    c = cluster()
+    assert c.cores_per_node is None and c.device.fwd_action_overhead_us == 0.0
+    device = Device(name="cpu", peak_tflops=0.05, mem_bandwidth_gb_per_s=20, memory_bytes=2**30,
+                    kernel_overhead_us=30, fwd_action_overhead_us=400, bwd_action_overhead_us=900,
+                    step_overhead_us=1500)
+    shared = Cluster(name="cpu", device=device, num_devices=4, devices_per_node=4, intra_node=NVLINK,
+                     inter_node=NVLINK, cores_per_node=2)
+    assert Cluster.from_dict(shared.to_dict()) == shared
+    assert shared.with_devices(8).cores_per_node == 2
+    old = c.to_dict()
+    del old["cores_per_node"]
+    for key in ("fwd_action_overhead_us", "bwd_action_overhead_us", "step_overhead_us"):
+        del old["device"][key]
+    assert Cluster.from_dict(old) == c
+
+
+def test_bad_cores_and_overheads_raise() -> None:
+    with pytest.raises(ClusterError, match="cores_per_node"):
+        Cluster(name="c", device=cluster().device, num_devices=2, devices_per_node=2, intra_node=NVLINK,
+                inter_node=IB, cores_per_node=0)
+    with pytest.raises(ClusterError, match="overheads"):
+        Device(name="d", peak_tflops=1, mem_bandwidth_gb_per_s=1, memory_bytes=1, kernel_overhead_us=0,
+               step_overhead_us=-1)

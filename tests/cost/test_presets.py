@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from graphpipe.cost.cluster import Cluster, Device
@@ -45,6 +47,8 @@ def test_defaults_and_the_cluster_preset_entry_point() -> None:
     assert cluster_preset("local-cpu").num_devices == 4
     local = cluster_preset("local-cpu", 3)
     assert local.num_nodes == 1 and local.device.name == "cpu"
+    assert local.cores_per_node == (os.cpu_count() or 1)
+    assert all(cluster_preset(name).cores_per_node is None for name in CLUSTER_PRESETS if name != "local-cpu")
     assert Cluster.preset("dgx-h100", num_devices=16).num_nodes == 2
     for name in CLUSTER_PRESETS:
         cluster = cluster_preset(name)

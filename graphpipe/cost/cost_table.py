@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphpipe.errors import CostError
+from graphpipe.serde import JsonFile
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,7 +44,7 @@ ZERO_COST = OpCost(fwd_ms=0.0, bwd_ms=0.0, act_bytes=0, output_bytes=0, param_by
 
 
 @dataclass(frozen=True, kw_only=True)
-class CostTable:
+class CostTable(JsonFile):
     """Per op, per micro-batch size, an `OpCost`; `source` says how it was made ("measured", "analytic")."""
 
     device: str
@@ -95,17 +96,6 @@ class CostTable:
         entries = {op: {int(b): OpCost.from_dict(cost) for b, cost in per.items()}
                    for op, per in data["entries"].items()}
         return cls(device=data["device"], source=data["source"], entries=entries)
-
-    def save(self, path: str) -> None:
-        from graphpipe.serde import write_json_atomic
-
-        write_json_atomic(path, self.to_dict())
-
-    @classmethod
-    def load(cls, path: str) -> CostTable:
-        from graphpipe.serde import read_json
-
-        return cls.from_dict(read_json(path))
 
     def __str__(self) -> str:
         return f"CostTable({self.source} on {self.device}, {len(self.entries)} ops, sizes {self.micro_batch_sizes})"

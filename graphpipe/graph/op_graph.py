@@ -14,6 +14,7 @@ from typing import Any
 
 from graphpipe.errors import GraphValidationError
 from graphpipe.graph.tensor_meta import TensorMeta
+from graphpipe.serde import JsonFile
 
 OP_KINDS = ("placeholder", "call_module", "call_function", "call_method", "get_attr", "output")
 
@@ -93,7 +94,7 @@ class OpNode:
 
 
 @dataclass(frozen=True, kw_only=True)
-class OpGraph:
+class OpGraph(JsonFile):
     """A validated DAG of ops in topological order, captured with `example_batch_size` samples."""
 
     name: str
@@ -202,17 +203,6 @@ class OpGraph:
     def from_dict(cls, data: dict[str, Any]) -> OpGraph:
         return cls(name=data["name"], example_batch_size=data["example_batch_size"],
                    ops=tuple(OpNode.from_dict(op) for op in data["ops"]))
-
-    def save(self, path: str) -> None:
-        from graphpipe.serde import write_json_atomic
-
-        write_json_atomic(path, self.to_dict())
-
-    @classmethod
-    def load(cls, path: str) -> OpGraph:
-        from graphpipe.serde import read_json
-
-        return cls.from_dict(read_json(path))
 
     def __str__(self) -> str:
         return f"OpGraph({self.name!r}, {len(self.ops)} ops, {self.param_bytes / 2**20:.1f} MiB of parameters)"

@@ -14,6 +14,7 @@ from functools import cached_property
 from typing import Any
 
 from graphpipe.errors import PlanValidationError
+from graphpipe.serde import JsonFile
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,7 +84,7 @@ class StageEdge:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Plan:
+class Plan(JsonFile):
     """A stage graph with its placement and the planner's predictions."""
 
     graph_name: str
@@ -211,17 +212,6 @@ class Plan:
             schedule=data.get("schedule", "1f1b"), cluster=dict(data.get("cluster", {})),
             notes=tuple(data.get("notes", ())), model_spec=dict(data.get("model_spec", {})),
         )
-
-    def save(self, path: str) -> None:
-        from graphpipe.serde import write_json_atomic
-
-        write_json_atomic(path, self.to_dict())
-
-    @classmethod
-    def load(cls, path: str) -> Plan:
-        from graphpipe.serde import read_json
-
-        return cls.from_dict(read_json(path))
 
     def __str__(self) -> str:
         return (f"Plan({self.planner}, {self.num_stages} stages, depth {self.depth}, "

@@ -76,7 +76,8 @@ class Search:
         self.infos = infos
         self.pars = pars
         self._segments: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._rows: dict[tuple[int, int, int], tuple[float, tuple[list[float], list[float], list[int]]]] = {}
+        self._rows: dict[tuple[int, int, int], tuple[list[float], list[float], list[int]]] = {}
+        self._tables: dict[tuple[int, int], tuple[tuple[int, list[float], list[float], list[int]], ...]] = {}
         self._groups: dict[tuple[int, int], list[tuple[int, float, int]]] = {}
         self.best: list[StageSpec] = []
         self.lo = self.hi = 0.0
@@ -84,25 +85,33 @@ class Search:
     def segment_rows(self, info: ChainInfo, start: int, d1: int,
                      target_ms: float) -> tuple[list[float], list[float], list[int]]:
         """(compute per sample, TPS, most micro-batches in flight) of segments [start, start + 1 + idx) on d1
-        devices, by growing idx, while the weights and one micro-batch fit, at least as far as the compute
-        stays within `target_ms`. Compute never decreases along a row, so the segments within a target are
+        devices, by growing idx, while the weights and one micro-batch fit (so at least as far as the compute
+        stays within `target_ms`). Compute never decreases along a row, so the segments within a target are
         the prefix `bisect_right(compute, target)`. The arrays are computed once per chain and degree
-        (vectorised over all segments); rows are cut into plain lists lazily (the DP's inner loop reads
-        Python floats) and re-cut when a larger target comes."""
+        (vectorised over all segments); rows are cut into plain lists once (the DP's inner loop reads
+        Python floats)."""
         key = (id(info), d1, start)
-        hit = self._rows.get(key)
-        if hit is not None and hit[0] >= target_ms:
-            return hit[1]
+        row = self._rows.get(key)
+        if row is None:
+            compute, tps, k_max = (array[start, start + 1:] for array in self._table(info, d1))
+            bad = np.nonzero(k_max < 1)[0]
+            fits = int(bad[0]) if len(bad) else len(compute)
+            row = self._rows[key] = (compute[:fits].tolist(), tps[:fits].tolist(), k_max[:fits].tolist())
+        return row
+
+    def segment_table(self, info: ChainInfo, start: int) -> tuple[tuple[int, list[float], list[float], list[int]], ...]:
+        """`segment_rows` of every degree, as (d1, compute, TPS, most in flight), for segments from `start`."""
+        key = (id(info), start)
+        hit = self._tables.get(key)
+        if hit is None:
+            hit = self._tables[key] = tuple((d1, *self.segment_rows(info, start, d1, math.inf)) for d1 in self.degrees)
+        return hit
+
+    def _table(self, info: ChainInfo, d1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         table = self._segments.get((id(info), d1))
         if table is None:
             table = self._segments[(id(info), d1)] = self._segment_arrays(info, d1)
-        compute, tps, k_max = (array[start, start + 1:] for array in table)
-        bad = np.nonzero(k_max < 1)[0]
-        fits = int(bad[0]) if len(bad) else len(compute)
-        stop = min(int(np.searchsorted(compute, target_ms, side="right")) + 1, fits)
-        row = (compute[:stop].tolist(), tps[:stop].tolist(), k_max[:stop].tolist())
-        self._rows[key] = (math.inf if stop == fits else target_ms, row)
-        return row
+        return table
 
     def _segment_arrays(self, info: ChainInfo, d1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         b, model = self.micro_batch_size, self.model

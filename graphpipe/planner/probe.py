@@ -151,28 +151,48 @@ class Probe:
         """Segments [start, stop) as the first stage; only the breakpoints of the rest's vector matter
         (the monotone pass of `_solve_chain` fills in the v between them). A candidate needing more
         than all the devices is never kept (`_solve_chain` marks it infeasible), so it is not tried:
-        the rest's fewest devices (its last breakpoint) must leave room for d1."""
+        the rest's fewest devices (its last breakpoint) must leave room for d1.
+
+        Per segment, degrees go up: a smaller degree that fits already offered every u below its own
+        k_max at fewer devices, so a larger degree only tries the u from there on, and none when its
+        k_max is no larger. Each cell keeps the smallest degree among its cheapest offers, then the
+        shortest segment (the order of a scan by degree, then by segment)."""
         target = self.target
-        rows = self.s.segment_rows
-        num_devices = self.s.num_devices
-        for d1 in self.s.degrees:
-            compute, tps, k_maxes = rows(info, start, d1, target)
-            room = num_devices - d1
-            for idx in range(bisect_right(compute, target)):
-                rest = breaks[start + 1 + idx]
-                if not rest or rest[-1][1] > room or tps[idx] > target:
+        num_devices, max_v = self.s.num_devices, self.s.max_v
+        tables = []
+        length = 0
+        for d1, compute, tps, k_maxes in self.s.segment_table(info, start):
+            count = bisect_right(compute, target)
+            if count:
+                tables.append((d1, count, tps, k_maxes, num_devices - d1))
+                length = max(length, count)
+        degree_of = [0] * (max_v + 1)
+        for idx in range(length):
+            rest = breaks[start + 1 + idx]
+            if not rest:
+                continue
+            fewest = rest[-1][1]
+            low = 0
+            for d1, count, tps, k_maxes, room in tables:
+                if idx >= count:
                     continue
                 k_max = k_maxes[idx]
-                stop = start + 1 + idx
+                if k_max <= low or fewest > room or tps[idx] > target:
+                    continue
                 for u, devices in rest:
                     if u >= k_max:
                         break
-                    if devices > room:
+                    if devices > room or u < low:
                         continue
                     cost = devices + d1
-                    if cost < row[u + 1]:
+                    cell = row[u + 1]
+                    if cost < cell or (cost == cell and d1 < degree_of[u + 1]):
                         row[u + 1] = cost
-                        chosen[u + 1] = (_SEG, stop, d1, u)
+                        degree_of[u + 1] = d1
+                        chosen[u + 1] = (_SEG, start + 1 + idx, d1, u)
+                low = k_max
+                if low >= max_v:
+                    break
 
     def _open(self, par: SPParallel, rest: list[int], row: list[int], chosen: list[tuple | None]) -> None:
         max_v = self.s.max_v

@@ -1,12 +1,16 @@
 """Per-chain tables for the DP: prefix sums over a chain's items and boundary traffic of its segments.
 
 A segment is items [i, j) of one chain of the SP tree. Compute time, activations and
-parameters of a segment are prefix-sum differences; the traffic across its boundary
+parameters of a segment are prefix-sum differences. The traffic across its boundary
 (messages and bytes per sample, on the real op edges) is grown item by item from i, lazily,
-only as far as the DP asks.
+only as far as a caller asks (`boundary`); the partitioner reads every segment's at once from
+`boundary_matrix`, which lays each tensor's contribution down as rectangles of segments
+(vectorised, with the same numbers as the item-by-item rows).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -103,15 +107,19 @@ class ChainInfo:
     def boundary_matrix(self) -> tuple[np.ndarray, np.ndarray]:
         """(messages, bytes per sample) of every segment [i, j) as (L + 1) x (L + 1) arrays (j > i)."""
         if self._matrix is None:
-            size = self.num_items + 1
-            messages, num_bytes = np.zeros((size, size)), np.zeros((size, size))
-            for start in range(self.num_items):
-                row = self._rows.get(start) or _Row(self, start)
-                row.extend_to(self.num_items)
-                messages[start, start:] = row.messages
-                num_bytes[start, start:] = row.bytes_per_sample
-            self._matrix = (messages, num_bytes)
+            self._matrix = boundary_rectangles(self) or self.boundary_matrix_by_rows()
         return self._matrix
+
+    def boundary_matrix_by_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """`boundary_matrix` grown row by row (`_Row`): the reference the rectangles must equal."""
+        size = self.num_items + 1
+        messages, num_bytes = np.zeros((size, size)), np.zeros((size, size))
+        for start in range(self.num_items):
+            row = self._rows.get(start) or _Row(self, start)
+            row.extend_to(self.num_items)
+            messages[start, start:] = row.messages
+            num_bytes[start, start:] = row.bytes_per_sample
+        return messages, num_bytes
 
     def prefix_arrays(self, per_device_batch: float) -> tuple[np.ndarray, np.ndarray]:
         hit = self._arrays.get(per_device_batch)
@@ -128,3 +136,84 @@ class ChainInfo:
 
     def ops(self, start: int, stop: int) -> tuple[str, ...]:
         return tuple(op for ops in self.item_ops[start:stop] for op in ops)
+
+
+Rect = tuple[int, int, int, int, float]  # rows i in [r0, r1], columns j in [c0, c1], bytes per sample
+
+
+def boundary_rectangles(info: ChainInfo) -> tuple[np.ndarray, np.ndarray] | None:
+    """`ChainInfo.boundary_matrix` as sums of rectangles, or None where that could differ from `_Row`.
+
+    A tensor is received by [i, j) once when its producer is outside and a consumer inside, and
+    sent once when its producer is inside and a consumer outside; for each tensor the segments
+    where that holds are rectangles of (i, j), so both counts are 2-D prefix sums of their corners.
+    Same numbers as `_Row` when the ops are in topological order along the chain (what `_Row`
+    assumes too) and every partial byte sum is exact in floating point; otherwise None.
+    """
+    pos = {op: idx for idx, ops in enumerate(info.item_ops) for op in ops}
+    if not _topological(info, pos):
+        return None
+    rects = _recv_rects(info, pos) + _send_rects(info, pos)
+    if not _exact_sums([rect[4] for rect in rects]):
+        return None
+    size = info.num_items + 2
+    r0, r1, c0, c1, weight = np.array(rects, dtype=float).reshape(-1, 5).T
+    flat = np.concatenate([r0 * size + c0, r0 * size + c1 + 1, (r1 + 1) * size + c0, (r1 + 1) * size + c1 + 1])
+    sign = np.repeat([1.0, -1.0, -1.0, 1.0], len(rects))
+    corners = [np.bincount(flat.astype(np.int64), weights=w, minlength=size * size).astype(float, copy=False)
+               .reshape(size, size) for w in (sign, sign * np.tile(weight, 4))]
+    messages, num_bytes = (c.cumsum(axis=0).cumsum(axis=1)[:-1, :-1] for c in corners)
+    return messages, num_bytes
+
+
+def _topological(info: ChainInfo, pos: dict[str, int]) -> bool:
+    """Every in-chain producer comes before its consumers in the chain's op order."""
+    seen: set[str] = set()
+    for ops in info.item_ops:
+        for op in ops:
+            if any(pred in pos and pred not in seen for pred in info.model.preds[op]):
+                return False
+            seen.add(op)
+    return True
+
+
+def _recv_rects(info: ChainInfo, pos: dict[str, int]) -> list[Rect]:
+    """Per producer p and per item c holding a consumer: the starts i after p (or any, p outside the
+    chain) whose first consumer item is c receive p in every [i, j) with j > c."""
+    model, last = info.model, info.num_items
+    consumers: dict[str, set[int]] = {}
+    for op, idx in pos.items():
+        for pred in model.preds[op]:
+            consumers.setdefault(pred, set()).add(idx)
+    rects: list[Rect] = []
+    for producer, items in consumers.items():
+        low = pos.get(producer, -1)
+        for item in sorted(items):
+            if item > low:
+                rects.append((low + 1, item, item + 1, last, model.out_bytes_per_sample[producer]))
+                low = item
+    return rects
+
+
+def _send_rects(info: ChainInfo, pos: dict[str, int]) -> list[Rect]:
+    """An op at item q with a consumer after item q is sent by every [i, j) with i <= q < j <= its
+    last consumer's item (any j when a consumer is outside the chain)."""
+    model, last = info.model, info.num_items
+    rects: list[Rect] = []
+    for op, idx in pos.items():
+        succs = model.succs[op]
+        if not succs:
+            continue
+        reach = max(pos.get(succ, last) for succ in succs)
+        if reach > idx:
+            rects.append((0, idx, idx + 1, reach, model.out_bytes_per_sample[op]))
+    return rects
+
+
+def _exact_sums(weights: list[float]) -> bool:
+    """Every sum of +-weights (each counted up to 4 times, the corners) is exact in floating point."""
+    if not all(math.isfinite(weight) for weight in weights):
+        return False
+    ratios = [abs(weight).as_integer_ratio() for weight in weights]  # denominators are powers of 2
+    scale = max((den for _, den in ratios), default=1)
+    return 4 * sum(num * (scale // den) for num, den in ratios) < 1 << 53

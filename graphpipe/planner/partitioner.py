@@ -16,8 +16,10 @@ in v; combining two parts is adding their vectors, so device splits d = d1 + d2 
   device gets whole samples), whose in-flight count is one more than what follows, or,
   when item i is a parallel block, opens it: the block is solved given the in-flight count
   of the rest of the chain. Any op boundary of a chain can be cut, in O(L^2) per chain of
-  L items (segment costs are prefix sums; the scan over j stops as soon as the segment's
-  compute alone exceeds T or its weights alone exceed memory).
+  L items (segment costs are prefix sums, tabulated per micro-batch size for all segments
+  and degrees at once; a probe reads only the segments that fit in memory with TPS within T,
+  kept sorted by TPS per start, less the degrees a smaller degree of the same segment
+  dominates at T: see `Search.offers`).
 - Parallel block: its branches are grouped; a group is one branch solved as a chain, or
   several whole branches merged into one stage. The fork's stage takes the larger of the
   branches' in-flight requirements (the max over entries). With up to 4 branches every
@@ -31,11 +33,14 @@ in v; combining two parts is adding their vectors, so device splits d = d1 + d2 
 The stage graphs this DP can produce are those whose stages are runs of items of one SP
 chain (or of an extended chain of fork/join absorption) or unions of whole branches of one
 parallel block ("SP-aligned" partitions); the exhaustive baseline checks optimality over
-exactly that space (`sp_aligned=True`). The binary search stops when the interval is below
-1e-3 relative, from the bound of `Search.lower_bound_ms` and a first probe at a hint (the
-previous size's optimum) or with no TPS target at all. Uniform micro-batch size and 1F1B
-(in-flight = v · b); per-stage sizes are a refinement (`graphpipe.planner.per_stage`).
-Sizes and pruning across sizes: see `partition_sp`.
+exactly that space (`sp_aligned=True`). The search on T keeps an interval [lo, hi]: lo from
+`Search.lower_bound_ms` and failed probes, hi the bottleneck of the best plan found, and stops
+when it is below 1e-3 relative. Where hi is likely close to the optimum (a guess from another
+micro-batch size, or a coarser search before), it probes just below hi first and widens the
+step while probes succeed, so a good guess costs two or three probes instead of a dozen of
+bisection; otherwise it bisects. Uniform micro-batch size and 1F1B (in-flight = v · b);
+per-stage sizes are a refinement (`graphpipe.planner.per_stage`). Sizes and pruning across
+sizes: see `partition_sp`.
 """
 
 from __future__ import annotations
@@ -48,7 +53,14 @@ import numpy as np
 from graphpipe.graph.sp import SPChain, SPParallel
 from graphpipe.planner.chain_info import ChainInfo
 from graphpipe.planner.memory import OPTIMIZER_STATE_FACTOR, max_in_flight_micro_batches
-from graphpipe.planner.probe import BIG, MAX_ENUMERATED_BRANCHES, ParInfo, Probe, divisors_up_to
+from graphpipe.planner.probe import (
+    MAX_ENUMERATED_BRANCHES,
+    ParInfo,
+    Probe,
+    SegmentOffers,
+    divisors_up_to,
+    dominance_cap,
+)
 from graphpipe.planner.stage_cost import CostModel, all_reduce_link, p2p_ms
 from graphpipe.planner.stage_spec import StageSpec
 
@@ -75,61 +87,124 @@ class Search:
         self.max_v = num_devices + 1
         self.infos = infos
         self.pars = pars
-        self._segments: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._segments: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         self._rows: dict[tuple[int, int, int], tuple[list[float], list[float], list[int]]] = {}
-        self._tables: dict[tuple[int, int], tuple[tuple[int, list[float], list[float], list[int]], ...]] = {}
+        self._offers: dict[int, SegmentOffers] = {}
         self._groups: dict[tuple[int, int], list[tuple[int, float, int]]] = {}
         self.best: list[StageSpec] = []
         self.lo = self.hi = 0.0
+        self._lower_bound: float | None = None
 
     def segment_rows(self, info: ChainInfo, start: int, d1: int,
                      target_ms: float) -> tuple[list[float], list[float], list[int]]:
         """(compute per sample, TPS, most micro-batches in flight) of segments [start, start + 1 + idx) on d1
         devices, by growing idx, while the weights and one micro-batch fit (so at least as far as the compute
         stays within `target_ms`). Compute never decreases along a row, so the segments within a target are
-        the prefix `bisect_right(compute, target)`. The arrays are computed once per chain and degree
-        (vectorised over all segments); rows are cut into plain lists once (the DP's inner loop reads
-        Python floats)."""
+        the prefix `bisect_right(compute, target)`. Cut from `_table`'s arrays into plain lists once."""
         key = (id(info), d1, start)
         row = self._rows.get(key)
         if row is None:
-            compute, tps, k_max = (array[start, start + 1:] for array in self._table(info, d1))
-            bad = np.nonzero(k_max < 1)[0]
-            fits = int(bad[0]) if len(bad) else len(compute)
-            row = self._rows[key] = (compute[:fits].tolist(), tps[:fits].tolist(), k_max[:fits].tolist())
+            compute, tps, k_max, fits = self._table(info)
+            pos = self.degrees.index(d1)
+            stop = start + 1 + int(np.count_nonzero(fits[pos, start]))
+            cut = (pos, start, slice(start + 1, stop))
+            row = self._rows[key] = (compute[cut].tolist(), tps[cut].tolist(), k_max[cut].tolist())
         return row
 
-    def segment_table(self, info: ChainInfo, start: int) -> tuple[tuple[int, list[float], list[float], list[int]], ...]:
-        """`segment_rows` of every degree, as (d1, compute, TPS, most in flight), for segments from `start`."""
-        key = (id(info), start)
-        hit = self._tables.get(key)
-        if hit is None:
-            hit = self._tables[key] = tuple((d1, *self.segment_rows(info, start, d1, math.inf)) for d1 in self.degrees)
+    def offers(self, info: ChainInfo, target_ms: float) -> SegmentOffers:
+        """The chain's (segment, degree) offers that `Probe._segments` may need at `target_ms`.
+
+        Built for a window of targets and reused while the targets stay in it: the binary search's
+        interval once its lower end is known (`start`), which later probes never leave, else only this
+        target (a lone chain-ceiling probe); rebuilt when a target falls outside."""
+        hit = self._offers.get(id(info))
+        if hit is None or not hit.low <= target_ms <= hit.bound:
+            low, bound = (self.lo, max(target_ms, self.hi)) if 0 < self.lo <= target_ms else (target_ms, target_ms)
+            hit = self._offers[id(info)] = self._build_offers(info, low, bound)
         return hit
 
-    def _table(self, info: ChainInfo, d1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        table = self._segments.get((id(info), d1))
+    def _build_offers(self, info: ChainInfo, low: float, bound: float) -> SegmentOffers:
+        """Offers within `bound` (TPS >= compute, so the compute is within too) and not dominated at `low`."""
+        _, tps, k_max, fits = self._table(info)
+        until = self._dominated_above(tps, k_max, fits)
+        pos, start, stop = np.nonzero(fits & (tps <= bound) & (tps < until) & (until > dominance_cap(low)))
+        values = tps[pos, start, stop]
+        order = np.lexsort((values, start))  # by start, then by TPS
+        pos, start, stop = pos[order], start[order], stop[order]
+        return SegmentOffers(low=low, bound=bound, tps=values[order].tolist(),
+                             degrees=np.array(self.degrees)[pos].tolist(), stops=stop.tolist(),
+                             k_maxes=k_max[pos, start, stop].tolist(), until=until[pos, start, stop].tolist(),
+                             offsets=np.searchsorted(start, np.arange(info.num_items + 2)).tolist())
+
+    @staticmethod
+    def _dominated_above(tps: np.ndarray, k_max: np.ndarray, fits: np.ndarray) -> np.ndarray:
+        """Per segment and degree, the smallest TPS of a smaller degree of the same segment that holds at
+        least as many micro-batches in flight (inf if none): from that target on, the smaller degree
+        makes every offer of this one at fewer devices, so this one can never win a cell."""
+        until = np.full(tps.shape, math.inf)
+        for larger in range(1, len(tps)):
+            for smaller in range(larger):
+                covers = fits[smaller] & (k_max[smaller] >= k_max[larger])
+                np.minimum(until[larger], np.where(covers, tps[smaller], math.inf), out=until[larger])
+        return until
+
+    def _table(self, info: ChainInfo) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        table = self._segments.get(id(info))
         if table is None:
-            table = self._segments[(id(info), d1)] = self._segment_arrays(info, d1)
+            table = self._segments[id(info)] = self._segment_arrays(info)
         return table
 
-    def _segment_arrays(self, info: ChainInfo, d1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        b, model = self.micro_batch_size, self.model
-        times, acts = info.prefix_arrays(b / d1)
-        messages, num_bytes = info.boundary_matrix()
+    def _segment_arrays(self, info: ChainInfo) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(compute per sample, TPS, most in flight, fits) of segments [i, j) as degree x (L + 1) x (L + 1) arrays.
+
+        `fits[d, i, j]`: j > i and every [i, j') with i < j' <= j holds its weights and one micro-batch.
+        Computed in place where it can: the arrays of a long chain are large."""
+        b = self.micro_batch_size
+        prefixes = [info.prefix_arrays(b / d1) for d1 in self.degrees]
+        times = np.stack([times for times, _ in prefixes])[:, None, :]
+        acts = np.stack([acts for _, acts in prefixes])[:, None, :]
         params = info.param_array[None, :] - info.param_array[:, None]
-        act = acts[None, :] - acts[:, None]
-        compute = (times[None, :] - times[:, None]) / b
-        link = model.link
-        comm = np.where(messages > 0, 2 * (messages * link.latency_us / 1e3
-                                           + num_bytes * (b / d1) / (link.bandwidth_gb_per_s * 1e9) * 1e3), 0.0)
-        tps = compute + comm / b + self._all_reduce(params, d1) / self.global_batch_size
+        compute = times - times.transpose(0, 2, 1)
+        compute /= b
+        tps = self._segment_tps(info, compute, params)
+        k_max = self._segment_k_max(acts - acts.transpose(0, 2, 1), params)
+        later = np.triu(np.ones(params.shape, dtype=bool), 1)
+        fits = np.logical_or.accumulate((k_max < 1) & later, axis=2)
+        np.logical_not(fits, out=fits)
+        fits &= later
+        return compute, tps, k_max, fits
+
+    def _segment_tps(self, info: ChainInfo, compute: np.ndarray, params: np.ndarray) -> np.ndarray:
+        """compute + p2p time / b + all-reduce time / global batch, per degree and segment."""
+        b, link = self.micro_batch_size, self.model.link
+        messages, num_bytes = info.boundary_matrix()
+        per_device = np.array([b / d1 for d1 in self.degrees])[:, None, None]
+        tps = num_bytes * per_device
+        tps /= link.bandwidth_gb_per_s * 1e9
+        tps *= 1e3
+        tps += messages * link.latency_us / 1e3
+        tps *= 2
+        np.copyto(tps, 0.0, where=~(messages > 0))
+        tps /= b
+        tps += compute
+        for pos, d1 in enumerate(self.degrees):
+            tps[pos] += self._all_reduce(params, d1) / self.global_batch_size
+        return tps
+
+    def _segment_k_max(self, act: np.ndarray, params: np.ndarray) -> np.ndarray:
+        """Most micro-batches in flight per degree and segment (as `max_in_flight_micro_batches`, with
+        UNBOUNDED capped at max_v); -1 where the weights alone do not fit. `act` is overwritten."""
         spare = self.memory_limit - OPTIMIZER_STATE_FACTOR * params
-        with np.errstate(divide="ignore", invalid="ignore"):
-            k_max = np.where(act > 0, np.floor(spare / np.where(act > 0, act, 1.0)), float(BIG))
-        k_max = np.where(k_max >= self.num_micro_batches, float(BIG), k_max)  # holds the whole mini-batch
-        k_max = np.where(spare < 0, -1.0, np.minimum(k_max, float(self.max_v))).astype(np.int64)
-        return compute, tps, k_max
+        k_max = act
+        with np.errstate(divide="ignore", invalid="ignore"):  # no activations: inf, or nan with no spare either
+            np.divide(spare, k_max, out=k_max)
+        np.floor(k_max, out=k_max)
+        whole = k_max >= self.num_micro_batches  # holding the whole mini-batch is no limit
+        max_v = float(self.max_v)
+        np.fmin(k_max, max_v, out=k_max)  # fmin takes max_v over nan
+        np.copyto(k_max, max_v, where=whole)
+        np.copyto(k_max, -1.0, where=spare < 0)
+        return k_max.astype(np.int64)
 
     def _all_reduce(self, params: np.ndarray, d1: int) -> np.ndarray | float:
         if d1 <= 1:
@@ -171,37 +246,58 @@ class Search:
         return max(self.model.stage_cost(st.ops, st.num_devices, st.micro_batch_size).tps_ms for st in stages)
 
     def lower_bound_ms(self) -> float:
-        """No plan beats this: every op's compute on its cheapest data-parallel degree, spread over all devices."""
-        b, total = self.micro_batch_size, 0.0
-        for op in self.tree.ops:
-            total += min(sum(self.model.op_at(op, b / d)[:2]) * d for d in self.degrees)
-        return total / b / self.num_devices
+        """No plan beats this (cached): every op's compute on its cheapest data-parallel degree spread over all
+        devices, and no less than the costliest op alone on the widest degree (an op is never split)."""
+        if self._lower_bound is None:
+            b, widest, total, costliest = self.micro_batch_size, self.degrees[-1], 0.0, 0.0
+            for op in self.tree.ops:
+                total += min(sum(self.model.op_at(op, b / d)[:2]) * d for d in self.degrees)
+                costliest = max(costliest, sum(self.model.op_at(op, b / widest)[:2]))
+            self._lower_bound = max(total / self.num_devices, costliest) / b
+        return self._lower_bound
 
-    def start(self, hint_ms: float | None = None) -> bool:
-        """First probe: at `hint_ms` (e.g. another size's optimum) if that is feasible, else unbounded."""
-        found = self.probe(hint_ms) if hint_ms is not None else None
+    def attempt(self, target_ms: float) -> bool:
+        """One probe; moves `hi` down to the plan found, or `lo` up to the target."""
+        found = self.probe(target_ms)
         if found is None:
-            found = self.probe(math.inf)
-        if found is None:
+            self.lo = max(self.lo, target_ms)
             return False
-        self.best, self.hi = found, self.bottleneck_ms(found)
-        self.lo = self.lower_bound_ms() * (1 - TOLERANCE)
+        self.best, self.hi = found, min(target_ms, self.bottleneck_ms(found))
         return True
 
-    def narrow(self, tolerance: float) -> None:
-        """Bisect the target until the interval is below `tolerance` relative."""
-        while self.hi - self.lo > tolerance * self.hi:
-            mid = (self.lo + self.hi) / 2
-            found = self.probe(mid)
-            if found is None:
-                self.lo = mid
-            else:
-                self.best, self.hi = found, min(mid, self.bottleneck_ms(found))
+    def start(self, guess_ms: float | None = None, tolerance: float = COARSE_TOLERANCE) -> bool:
+        """First feasible plan (False: none at this size). Without a guess, one probe with no TPS target.
+        With a guess (e.g. from another size), probes at the guess, then above it by steps growing from
+        `tolerance` fourfold, so a close guess brackets the optimum in about two probes."""
+        self.lo = self.lower_bound_ms() * (1 - TOLERANCE)  # set first: `offers` then builds for the whole search
+        step, target = tolerance, guess_ms
+        while target is not None and step < 1:
+            if self.attempt(max(target, self.lo)):
+                return True
+            target = guess_ms * (1 + step) if guess_ms is not None else None
+            step *= 4
+        return self.attempt(math.inf)
 
-    def run(self, tolerance: float = TOLERANCE, hint_ms: float | None = None) -> list[StageSpec] | None:
-        if not self.start(hint_ms):
+    def narrow(self, tolerance: float, near_top: bool = True) -> None:
+        """Shrink [lo, hi] below `tolerance` relative. When `hi` is likely close to the optimum (`near_top`),
+        probe just below it first, with steps growing fourfold while probes succeed: one failed probe
+        just below hi ends the search. Never probes below the middle, so it is at worst a bisection
+        with a few extra probes."""
+        first = 0.95 * tolerance  # a failure there leaves less than `tolerance` to search
+        step = first if near_top else 1.0
+        while self.hi - self.lo > tolerance * self.hi:
+            target = max(self.hi * (1 - step), (self.lo + self.hi) / 2)
+            if not self.attempt(target):
+                step = 1.0
+            elif self.hi < target * (1 - first):
+                step = first  # the plan found beats the target by far: its bottleneck is the new guess
+            else:
+                step *= 4
+
+    def run(self, tolerance: float = TOLERANCE, guess_ms: float | None = None) -> list[StageSpec] | None:
+        if not self.start(guess_ms):
             return None
-        self.narrow(tolerance)
+        self.narrow(tolerance, near_top=guess_ms is not None)
         return self.best
 
 
@@ -222,8 +318,10 @@ def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_
 
     Sizes are searched from the largest down. A size whose lower bound (`Search.lower_bound_ms`)
     is already more than COARSE_KEEP above the best bottleneck found is skipped: no plan at
-    that size could be among the best. Every other size is searched to COARSE_TOLERANCE; then,
-    best first, each size whose proven lower bound is below the best bottleneck found so far is
+    that size could be among the best. Every other size is searched to COARSE_TOLERANCE,
+    starting from a guess: the previous size's optimum scaled by the ratio of the two sizes'
+    lower bounds (optimum / lower bound varies little between neighbouring sizes). Then, best
+    first, each size whose proven lower bound is below the best bottleneck found so far is
     narrowed to `tolerance` (the others cannot hold the optimum, and their plans are still
     within COARSE_TOLERANCE of their own).
     With `ceiling_ms`, only plans whose bottleneck is at most the ceiling are searched for (one
@@ -231,25 +329,23 @@ def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_
     """
     infos, pars = build_tables(model, tree)
     searches: dict[int, Search] = {}
-    hint = None
+    ratio = None
     for size in sorted(micro_batch_sizes, reverse=True):
         search = Search(model, tree, num_devices, size, memory_limit, infos, pars)
-        if hint is not None and search.lower_bound_ms() > min(s.hi for s in searches.values()) * COARSE_KEEP:
+        bound = search.lower_bound_ms()
+        if searches and bound > min(s.hi for s in searches.values()) * COARSE_KEEP:
             continue  # even a perfect plan at this size could not be among the best
         if ceiling_ms is not None:
-            if search.lower_bound_ms() * (1 - TOLERANCE) > ceiling_ms:
+            if bound * (1 - TOLERANCE) > ceiling_ms:
                 continue  # no plan at this size has a bottleneck within the ceiling: skip the probe
-            found = search.probe(ceiling_ms)
-            if found is None:
+            if not search.attempt(ceiling_ms):  # a lone probe: `offers` builds for this target only
                 continue  # nothing at this size beats the ceiling
-            search.best, search.hi = found, search.bottleneck_ms(found)
-            search.lo = search.lower_bound_ms() * (1 - TOLERANCE)
-            search.narrow(max(tolerance, COARSE_TOLERANCE))
-            searches[size] = search
-        elif search.start(hint):
-            search.narrow(max(tolerance, COARSE_TOLERANCE))
-            searches[size] = search
-            hint = search.hi * 1.25
+            search.lo = bound * (1 - TOLERANCE)
+        elif not search.start(bound * ratio if ratio is not None else None):
+            continue
+        search.narrow(max(tolerance, COARSE_TOLERANCE), near_top=ratio is not None or ceiling_ms is not None)
+        searches[size] = search
+        ratio = search.hi / bound
     if not searches:
         return {}
     best = math.inf

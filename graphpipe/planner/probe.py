@@ -7,6 +7,7 @@ stages from the choices it recorded.
 
 from __future__ import annotations
 
+import sys
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from graphpipe.planner.partitioner import Search
 
 BIG = 1 << 40
+_NO_KEY = 1 << 62  # above every (cost, degree, stop) key of `Probe._segments`
 MAX_ENUMERATED_BRANCHES = 4
 _SEG, _PAR, _BLOCK = 0, 1, 2
 
@@ -44,6 +46,29 @@ class _ParSol:
     full: int
 
 
+@dataclass(slots=True)
+class SegmentOffers:
+    """Segments of one chain with a degree each (parallel lists), each start's in
+    [offsets[start], offsets[start + 1]) ordered by TPS, for targets from `low` to `bound`: all with
+    TPS <= `bound`. From a target of `until` on, a smaller degree of the same segment makes every
+    offer of this one at fewer devices (`Search._dominated_above`); offers dominated at `low` are
+    left out."""
+    low: float
+    bound: float
+    tps: list[float]
+    degrees: list[int]
+    stops: list[int]
+    k_maxes: list[int]
+    until: list[float]
+    offsets: list[int]
+
+
+def dominance_cap(target_ms: float) -> float:
+    """An offer is dominated at `target_ms` when its `until` is at most this (an infinite `until`
+    means never, even with no target at all)."""
+    return min(target_ms, sys.float_info.max)
+
+
 def breakpoints(need: list[int]) -> list[tuple[int, int]]:
     """(v, devices) where a non-increasing need vector drops."""
     out, last = [], BIG
@@ -57,6 +82,26 @@ def breakpoints(need: list[int]) -> list[tuple[int, int]]:
 def _feasible_breakpoints(need: list[int], num_devices: int) -> list[tuple[int, int]]:
     """Breakpoints of a need vector that fit on the devices."""
     return [point for point in breakpoints(need) if point[1] <= num_devices]
+
+
+def _settle(row: list[int], chosen: list[tuple | None], num_devices: int) -> list[tuple[int, int]]:
+    """Make a chain row non-increasing (a cell keeps its own choice unless a smaller v is strictly
+    cheaper), mark what needs more than the devices infeasible, and return its feasible breakpoints."""
+    out: list[tuple[int, int]] = []
+    last = previous = BIG
+    for v, devices in enumerate(row):
+        if previous < devices:
+            devices = previous
+            chosen[v] = chosen[v - 1]
+        previous = devices
+        if devices > num_devices:
+            row[v] = BIG
+        else:
+            row[v] = devices
+            if devices < last:
+                out.append((v, devices))
+                last = devices
+    return out
 
 
 class ParInfo:
@@ -130,69 +175,62 @@ class Probe:
         need[num_items] = [0 if v >= k_after else BIG for v in range(max_v + 1)]
         breaks: list[list[tuple[int, int]]] = [[] for _ in range(num_items + 1)]
         breaks[num_items] = _feasible_breakpoints(need[num_items], num_devices)
+        fewest = [BIG] * (num_items + 1)  # the last breakpoint's devices
+        fewest[num_items] = breaks[num_items][-1][1] if breaks[num_items] else BIG
+        offers = s.offers(info, self.target)
         for start in range(num_items - 1, -1, -1):
             row, chosen = need[start], choice[start]
-            self._segments(info, start, breaks, row, chosen)
+            self._segments(offers, start, breaks, fewest, row, chosen)
             item = chain.items[start]
             if isinstance(item, SPParallel):
                 self._open(item, need[start + 1], row, chosen)
-            self._blocks(chain, start, need, row, chosen)
-            for v in range(1, max_v + 1):
-                if row[v - 1] < row[v]:
-                    row[v], chosen[v] = row[v - 1], chosen[v - 1]
-            for v in range(max_v + 1):
-                if row[v] > num_devices:
-                    row[v] = BIG
-            breaks[start] = _feasible_breakpoints(row, num_devices)
+            if info.next_parallel[start] < num_items:
+                self._blocks(chain, start, need, row, chosen)
+            found = breaks[start] = _settle(row, chosen, num_devices)
+            if found:
+                fewest[start] = found[-1][1]
         return _ChainSol(need=need, choice=choice)
 
-    def _segments(self, info: ChainInfo, start: int, breaks: list[list[tuple[int, int]]], row: list[int],
-                  chosen: list[tuple | None]) -> None:
+    def _segments(self, offers: SegmentOffers, start: int, breaks: list[list[tuple[int, int]]], fewest: list[int],
+                  row: list[int], chosen: list[tuple | None]) -> None:
         """Segments [start, stop) as the first stage; only the breakpoints of the rest's vector matter
-        (the monotone pass of `_solve_chain` fills in the v between them). A candidate needing more
-        than all the devices is never kept (`_solve_chain` marks it infeasible), so it is not tried:
-        the rest's fewest devices (its last breakpoint) must leave room for d1.
+        (the monotone pass of `_settle` fills in the v between them). A candidate needing more than all
+        the devices is never kept (`_settle` marks it infeasible), so it is not tried: the rest's fewest
+        devices (its last breakpoint, `fewest[stop]`) must leave room for d1.
 
-        Per segment, degrees go up: a smaller degree that fits already offered every u below its own
-        k_max at fewer devices, so a larger degree only tries the u from there on, and none when its
-        k_max is no larger. Each cell keeps the smallest degree among its cheapest offers, then the
-        shortest segment (the order of a scan by degree, then by segment)."""
-        target = self.target
-        num_devices, max_v = self.s.num_devices, self.s.max_v
-        tables = []
-        length = 0
-        for d1, compute, tps, k_maxes in self.s.segment_table(info, start):
-            count = bisect_right(compute, target)
-            if count:
-                tables.append((d1, count, tps, k_maxes, num_devices - d1))
-                length = max(length, count)
-        degree_of = [0] * (max_v + 1)
-        for idx in range(length):
-            rest = breaks[start + 1 + idx]
-            if not rest:
+        Each cell keeps the cheapest offer, then the smallest degree, then the shortest segment, as one
+        integer key (cost, d1, stop), so the offers can come in any order: here by TPS, so that those
+        within the target are a prefix of the start's. A degree is skipped where a smaller degree of the
+        same segment is within the target and holds as many micro-batches in flight (it makes every
+        offer of this one at fewer devices); the rest are all tried, so a degree also tries the v
+        that a smaller one already covers (they never win a cell)."""
+        target, num_devices = self.target, self.s.num_devices
+        lo, hi = offers.offsets[start], offers.offsets[start + 1]
+        hi = bisect_right(offers.tps, target, lo, hi)
+        if lo == hi:
+            return
+        span = len(breaks) + 1  # > any stop
+        unit = (num_devices + 1) * span  # > any d1 * span + stop
+        best = [_NO_KEY] * len(row)  # per u, the key of cell u + 1
+        dominated = dominance_cap(target)
+        for d1, stop, k_max, until in zip(offers.degrees[lo:hi], offers.stops[lo:hi], offers.k_maxes[lo:hi],
+                                          offers.until[lo:hi]):
+            if until <= dominated or fewest[stop] + d1 > num_devices:
                 continue
-            fewest = rest[-1][1]
-            low = 0
-            for d1, count, tps, k_maxes, room in tables:
-                if idx >= count:
-                    continue
-                k_max = k_maxes[idx]
-                if k_max <= low or fewest > room or tps[idx] > target:
-                    continue
-                for u, devices in rest:
-                    if u >= k_max:
-                        break
-                    if devices > room or u < low:
-                        continue
-                    cost = devices + d1
-                    cell = row[u + 1]
-                    if cost < cell or (cost == cell and d1 < degree_of[u + 1]):
-                        row[u + 1] = cost
-                        degree_of[u + 1] = d1
-                        chosen[u + 1] = (_SEG, start + 1 + idx, d1, u)
-                low = k_max
-                if low >= max_v:
+            room = num_devices - d1
+            base = d1 * (unit + span) + stop
+            for u, devices in breaks[stop]:
+                if u >= k_max:
                     break
+                if devices <= room:
+                    key = devices * unit + base
+                    if key < best[u]:
+                        best[u] = key
+        for u, key in enumerate(best):
+            if key != _NO_KEY:
+                cost, rest_key = divmod(key, unit)
+                d1, stop = divmod(rest_key, span)
+                row[u + 1], chosen[u + 1] = cost, (_SEG, stop, d1, u)
 
     def _open(self, par: SPParallel, rest: list[int], row: list[int], chosen: list[tuple | None]) -> None:
         max_v = self.s.max_v

@@ -40,7 +40,8 @@ def test_refined_plan_memory_is_what_the_simulator_holds() -> None:
     mixed = plan_candidates(graph, costs, cluster, 8, per_stage_micro_batch=True, micro_batch_sizes=(1, 2, 4),
                             memory_limit=2.6 * GiB)[0]
     result = simulate(mixed, costs, cluster, schedule=mixed.schedule)
-    assert [s.micro_batch_size for s in mixed.stages][:2] == [4, 1]
+    sizes = [s.micro_batch_size for s in mixed.stages]
+    assert sizes[0] == 4 > sizes[1]
     for stage in mixed.stages:
         assert result.peak_in_flight_samples[stage.idx] == stage.in_flight_samples
         assert all(result.peak_memory_bytes[rank] == stage.memory_bytes for rank in stage.ranks)

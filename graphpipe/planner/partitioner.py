@@ -69,6 +69,7 @@ __all__ = ["MAX_ENUMERATED_BRANCHES", "TOLERANCE", "Search", "divisors_up_to", "
 TOLERANCE = 1e-3
 COARSE_TOLERANCE = 5e-2
 COARSE_KEEP = 1.05
+FIRST_GUESS = 2.5  # optimum / lower bound is 1.5-2.1 on the paper's models (communication, uneven stages)
 
 
 class Search:
@@ -266,16 +267,18 @@ class Search:
         return True
 
     def start(self, guess_ms: float | None = None, tolerance: float = COARSE_TOLERANCE) -> bool:
-        """First feasible plan (False: none at this size). Without a guess, one probe with no TPS target.
-        With a guess (e.g. from another size), probes at the guess, then above it by steps growing from
-        `tolerance` fourfold, so a close guess brackets the optimum in about two probes."""
+        """First feasible plan (False: none at this size). A guess from another size is probed, then
+        above it by steps growing from `tolerance` fourfold, so a close guess brackets the optimum in
+        about two probes. Without one, the guess is FIRST_GUESS times the lower bound, and if that
+        fails, one probe with no TPS target tells whether the size has a plan at all."""
         self.lo = self.lower_bound_ms() * (1 - TOLERANCE)  # set first: `offers` then builds for the whole search
+        if guess_ms is None:
+            return self.attempt(self.lower_bound_ms() * FIRST_GUESS) or self.attempt(math.inf)
         step, target = tolerance, guess_ms
-        while target is not None and step < 1:
+        while step < 1:
             if self.attempt(max(target, self.lo)):
                 return True
-            target = guess_ms * (1 + step) if guess_ms is not None else None
-            step *= 4
+            target, step = guess_ms * (1 + step), step * 4
         return self.attempt(math.inf)
 
     def narrow(self, tolerance: float, near_top: bool = True) -> None:
@@ -287,12 +290,7 @@ class Search:
         step = first if near_top else 1.0
         while self.hi - self.lo > tolerance * self.hi:
             target = max(self.hi * (1 - step), (self.lo + self.hi) / 2)
-            if not self.attempt(target):
-                step = 1.0
-            elif self.hi < target * (1 - first):
-                step = first  # the plan found beats the target by far: its bottleneck is the new guess
-            else:
-                step *= 4
+            step = step * 4 if self.attempt(target) else 1.0
 
     def run(self, tolerance: float = TOLERANCE, guess_ms: float | None = None) -> list[StageSpec] | None:
         if not self.start(guess_ms):

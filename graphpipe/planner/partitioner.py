@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from weakref import WeakKeyDictionary
 
 import numpy as np
 
@@ -70,6 +71,9 @@ TOLERANCE = 1e-3
 COARSE_TOLERANCE = 5e-2
 COARSE_KEEP = 1.05
 FIRST_GUESS = 2.5  # optimum / lower bound is 1.5-2.1 on the paper's models (communication, uneven stages)
+
+
+_LOWER_BOUNDS: WeakKeyDictionary[CostModel, dict[tuple[int, int, int], float]] = WeakKeyDictionary()
 
 
 class Search:
@@ -250,11 +254,15 @@ class Search:
         """No plan beats this (cached): every op's compute on its cheapest data-parallel degree spread over all
         devices, and no less than the costliest op alone on the widest degree (an op is never split)."""
         if self._lower_bound is None:
-            b, widest, total, costliest = self.micro_batch_size, self.degrees[-1], 0.0, 0.0
-            for op in self.tree.ops:
-                total += min(sum(self.model.op_at(op, b / d)[:2]) * d for d in self.degrees)
-                costliest = max(costliest, sum(self.model.op_at(op, b / widest)[:2]))
-            self._lower_bound = max(total / self.num_devices, costliest) / b
+            shared = _LOWER_BOUNDS.setdefault(self.model, {})  # the graph-pipeline and chain searches share it
+            key = (self.micro_batch_size, self.num_devices, len(self.tree.ops))
+            if key not in shared:
+                b, widest, total, costliest = self.micro_batch_size, self.degrees[-1], 0.0, 0.0
+                for op in self.tree.ops:
+                    total += min(sum(self.model.op_at(op, b / d)[:2]) * d for d in self.degrees)
+                    costliest = max(costliest, sum(self.model.op_at(op, b / widest)[:2]))
+                shared[key] = max(total / self.num_devices, costliest) / b
+            self._lower_bound = shared[key]
         return self._lower_bound
 
     def attempt(self, target_ms: float) -> bool:
@@ -290,7 +298,12 @@ class Search:
         step = first if near_top else 1.0
         while self.hi - self.lo > tolerance * self.hi:
             target = max(self.hi * (1 - step), (self.lo + self.hi) / 2)
-            step = step * 4 if self.attempt(target) else 1.0
+            if not self.attempt(target):
+                step = 1.0
+            elif step < 1 and self.hi < target * (1 - first):
+                step = first  # the plan found beats the target by far: start again just below it
+            else:
+                step *= 4
 
     def run(self, tolerance: float = TOLERANCE, guess_ms: float | None = None) -> list[StageSpec] | None:
         if not self.start(guess_ms):

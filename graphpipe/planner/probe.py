@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from graphpipe.graph.sp import SPChain, SPParallel
 from graphpipe.planner.chain_info import ChainInfo
 from graphpipe.planner.fork_join import block_need, emit_block
-from graphpipe.planner.stage_cost import CostModel
+from graphpipe.planner.stage_cost import CostModel, StageCost
 from graphpipe.planner.stage_spec import StageSpec
 
 if TYPE_CHECKING:
@@ -117,6 +117,7 @@ class ParInfo:
         self.interval = len(par.branches) > MAX_ENUMERATED_BRANCHES
         self._groups: dict[int, tuple[tuple[str, ...], int, int, float]] = {}
         self.extended: dict[tuple[int, int, int, bool], SPChain] = {}  # see fork_join.extended_chain
+        self.merge_costs: dict[tuple[int, int, int, int, int], StageCost] = {}  # see fork_join._merge_devices
 
     def group(self, mask: int) -> tuple[tuple[str, ...], int, int, float]:
         """(ops, param bytes, messages, bytes per sample) of the branches in `mask` as one stage."""
@@ -154,31 +155,35 @@ class Probe:
     def __init__(self, search: Search, target_ms: float) -> None:
         self.s = search
         self.target = target_ms
-        self.chain_memo: dict[tuple[int, int], _ChainSol] = {}
+        self.chain_memo: dict[tuple[int, int, int], _ChainSol] = {}
         self.par_memo: dict[tuple[int, int], _ParSol] = {}
         self.block_memo: dict[tuple[int, int, int, bool, int], tuple[list[int], list[tuple | None]]] = {}
 
     # ---- chains --------------------------------------------------------------------------
-    def chain(self, chain: SPChain, k_after: int) -> _ChainSol:
-        key = (id(chain), k_after)
+    def chain(self, chain: SPChain, k_after: int, end: int | None = None) -> _ChainSol:
+        """The chain's items [0, end) (all by default), followed by something holding `k_after` micro-batches."""
+        end = self.s.infos[id(chain)].num_items if end is None else end
+        key = (id(chain), k_after, end)
         sol = self.chain_memo.get(key)
         if sol is None:
-            sol = self.chain_memo[key] = self._solve_chain(chain, k_after)
+            sol = self.chain_memo[key] = self._solve_chain(chain, k_after, end)
         return sol
 
-    def _solve_chain(self, chain: SPChain, k_after: int) -> _ChainSol:
+    def _solve_chain(self, chain: SPChain, k_after: int, end: int) -> _ChainSol:
+        """Suffix need vectors from `end` back to item 0. Rows past `end` stay infeasible, so no segment,
+        block or parallel item reaches beyond it (a prefix of a chain reuses the chain's tables)."""
         s = self.s
         info = s.infos[id(chain)]
         num_items, max_v, num_devices = info.num_items, s.max_v, s.num_devices
         need = [[BIG] * (max_v + 1) for _ in range(num_items + 1)]
         choice: list[list[tuple | None]] = [[None] * (max_v + 1) for _ in range(num_items + 1)]
-        need[num_items] = [0 if v >= k_after else BIG for v in range(max_v + 1)]
+        need[end] = [0 if v >= k_after else BIG for v in range(max_v + 1)]
         breaks: list[list[tuple[int, int]]] = [[] for _ in range(num_items + 1)]
-        breaks[num_items] = _feasible_breakpoints(need[num_items], num_devices)
+        breaks[end] = _feasible_breakpoints(need[end], num_devices)
         fewest = [BIG] * (num_items + 1)  # the last breakpoint's devices
-        fewest[num_items] = breaks[num_items][-1][1] if breaks[num_items] else BIG
+        fewest[end] = breaks[end][-1][1] if breaks[end] else BIG
         offers = s.offers(info, self.target)
-        for start in range(num_items - 1, -1, -1):
+        for start in range(end - 1, -1, -1):
             row, chosen = need[start], choice[start]
             self._segments(offers, start, breaks, fewest, row, chosen)
             item = chain.items[start]
@@ -344,10 +349,12 @@ class Probe:
         self.emit_chain(tree, 0, v, out)
         return out
 
-    def emit_chain(self, chain: SPChain, k_after: int, v: int, out: list[StageSpec], start: int = 0) -> None:
-        sol = self.chain(chain, k_after)
+    def emit_chain(self, chain: SPChain, k_after: int, v: int, out: list[StageSpec], start: int = 0,
+                   end: int | None = None) -> None:
         info = self.s.infos[id(chain)]
-        while start < info.num_items:
+        end = info.num_items if end is None else end
+        sol = self.chain(chain, k_after, end)
+        while start < end:
             chosen = sol.choice[start][v]
             assert chosen is not None, "reconstructing an infeasible DP state"
             if chosen[0] == _SEG:

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 
 from graphpipe.errors import PlanningError
 from graphpipe.graph.sp import SPChain, iter_chains
-from graphpipe.planner.fork_join import fork_join_items
+from graphpipe.planner.fork_join import MERGE_BRANCHES, fork_join_items
 from graphpipe.planner.in_flight import in_flight_samples
 from graphpipe.planner.memory import stage_memory_bytes
 from graphpipe.planner.partitioner import MAX_ENUMERATED_BRANCHES, divisors_up_to
@@ -54,7 +54,8 @@ def _runs(items: Sequence[tuple[str, ...]]) -> Iterator[frozenset[str]]:
 
 def aligned_sets(tree: SPChain) -> set[frozenset[str]]:
     """Op sets the GraphPipe DP can make a stage: runs of a chain's items, unions of whole branches,
-    and the same inside the extended chains of fork and join absorption (`graphpipe.planner.fork_join`)."""
+    the same inside the extended chains of fork and join absorption, and merge stages of two-branch
+    blocks (`graphpipe.planner.fork_join`)."""
     found: set[frozenset[str]] = set()
     todo = [(chain, False) for chain in iter_chains(tree)]
     while todo:
@@ -67,6 +68,10 @@ def aligned_sets(tree: SPChain) -> set[frozenset[str]]:
             for size in range(2, len(block.par.branches) + 1):
                 for group in itertools.combinations(block.par.branches, size):
                     found.add(frozenset(op for branch in group for op in branch.ops))
+            if block.join and len(block.par.branches) == MERGE_BRANCHES:  # merge stages: both tails + J
+                first, second = (branch.items for branch in block.par.branches)
+                found.update(frozenset(op for item in first[s0:] + second[s1:] + (block.join,) for op in item.ops)
+                             for s0 in range(len(first)) for s1 in range(len(second)))
             forks = [(), (block.fork,)] if block.fork else [()]
             joins = [(), (block.join,)] if block.join else [()]
             for branch in block.par.branches:

@@ -98,6 +98,7 @@ class Search:
         self._groups: dict[tuple[int, int], list[tuple[int, float, int]]] = {}
         self.best: list[StageSpec] = []
         self.lo = self.hi = 0.0
+        self.window_top = 0.0  # the largest target the search expects to probe (`offers` builds up to it)
         self._lower_bound: float | None = None
 
     def segment_rows(self, info: ChainInfo, start: int, d1: int,
@@ -124,7 +125,8 @@ class Search:
         target (a lone chain-ceiling probe); rebuilt when a target falls outside."""
         hit = self._offers.get(id(info))
         if hit is None or not hit.low <= target_ms <= hit.bound:
-            low, bound = (self.lo, max(target_ms, self.hi)) if 0 < self.lo <= target_ms else (target_ms, target_ms)
+            top = max(target_ms, self.hi, self.window_top)
+            low, bound = (self.lo, top) if 0 < self.lo <= target_ms else (target_ms, target_ms)
             hit = self._offers[id(info)] = self._build_offers(info, low, bound)
         return hit
 
@@ -226,15 +228,16 @@ class Search:
         if hit is not None:
             return hit
         b, model = self.micro_batch_size, self.model
-        ops, params, messages, num_bytes = pinfo.group(group)
+        _, params, messages, num_bytes = pinfo.group(group)
         out = []
         if OPTIMIZER_STATE_FACTOR * params <= self.memory_limit:
+            branches = [info for pos, info in enumerate(pinfo.branch_infos) if group >> pos & 1]
             for d1 in self.degrees:
                 compute = act = 0.0
-                for op in ops:
-                    fwd, bwd, act_bytes = model.op_at(op, b / d1)
-                    compute += fwd + bwd
-                    act += act_bytes
+                for info in branches:  # branch totals: the last prefix sums
+                    times, acts = info.prefix_at(b / d1)
+                    compute += times[-1]
+                    act += acts[-1]
                 tps = (compute + p2p_ms(model.link, messages, num_bytes * b / d1)) / b
                 tps += model.all_reduce_ms(params, d1) / self.global_batch_size
                 out.append((d1, tps, max_in_flight_micro_batches(params, act, self.memory_limit,
@@ -283,6 +286,7 @@ class Search:
         if guess_ms is None:
             return self.attempt(self.lower_bound_ms() * FIRST_GUESS) or self.attempt(math.inf)
         step, target = tolerance, guess_ms
+        self.window_top = guess_ms * (1 + step * 5)  # the first two probes of the walk up
         while step < 1:
             if self.attempt(max(target, self.lo)):
                 return True

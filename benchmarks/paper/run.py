@@ -47,7 +47,8 @@ class Setup:
     micro_batch_model: str = "mmt"
     micro_batch_devices: int = 8
     case_devices: int = 8
-    case_memory_limits_gib: tuple[float | None, ...] = (None, 4.0, 2.0, 1.0)  # None: the device's 16 GiB
+    case_batch: int = 128
+    case_memory_limits_gib: tuple[float | None, ...] = (None, 1.0, 0.52, 0.4)  # None: the device's 16 GiB
     transformer_devices: tuple[int, ...] = (8, 32)
     batch_sweep_per_device: tuple[int, ...] = (4, 8, 32)  # mini-batch sensitivity at ablation_devices
 
@@ -58,14 +59,14 @@ class Setup:
     def max_batch(self) -> int:
         counts = (*self.device_counts, self.ablation_devices, self.branch_devices, self.micro_batch_devices,
                   self.case_devices, *self.transformer_devices)
-        return max(counts) * max(self.batch_per_device, *self.batch_sweep_per_device)
+        return max(max(counts) * max(self.batch_per_device, *self.batch_sweep_per_device), self.case_batch)
 
 
 FULL = Setup(preset="paper")
 QUICK = Setup(preset="tiny", models=("mmt", "candle_uno"), device_counts=(2, 4),
               planners=("graphpipe", "pipedream", "sequential"), ablation_devices=4, branch_counts=(2, 4),
               branch_devices=4, branch_planners=("graphpipe", "sequential"), micro_batch_devices=4, case_devices=4,
-              case_memory_limits_gib=(None,), transformer_devices=(4,), batch_sweep_per_device=(8, 16))
+              case_batch=32, case_memory_limits_gib=(None,), transformer_devices=(4,), batch_sweep_per_device=(8, 16))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -257,7 +258,7 @@ def case_study(work: Workload, progress: Progress) -> list[Run]:
     """two_branch on a few devices, at the device's memory and at tighter memory limits."""
     s = work.setup
     n = s.case_devices
-    return [_logged(progress, work.run("case_study", "two_branch", n, s.batch(n), p, memory_limit_gib=limit))
+    return [_logged(progress, work.run("case_study", "two_branch", n, s.case_batch, p, memory_limit_gib=limit))
             for limit in s.case_memory_limits_gib for p in ("graphpipe", "sequential")]
 
 

@@ -268,6 +268,17 @@ class Search:
             self._lower_bound = shared[key]
         return self._lower_bound
 
+    def may_fit(self) -> bool:
+        """False when no plan at this size can fit, whatever its TPS: every device holds its stage's weights,
+        gradients and Adam state and at least one micro-batch's activations (split d ways on d devices), so
+        all devices together hold at least 4 x all the weights plus every op's activations on its cheapest
+        degree. Saves the probes that would find out (the largest sizes on few devices)."""
+        b, params, acts = self.micro_batch_size, 0.0, 0.0
+        for op in self.tree.ops:
+            params += self.model.param_bytes[op]
+            acts += min(self.model.op_at(op, b / d)[2] * d for d in self.degrees)
+        return OPTIMIZER_STATE_FACTOR * params + acts <= self.memory_limit * self.num_devices
+
     def attempt(self, target_ms: float) -> bool:
         """One probe; moves `hi` down to the plan found, or `lo` up to the target."""
         found = self.probe(target_ms)
@@ -350,6 +361,8 @@ def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_
         bound = search.lower_bound_ms()
         if searches and bound > min(s.hi for s in searches.values()) * COARSE_KEEP:
             continue  # even a perfect plan at this size could not be among the best
+        if not search.may_fit():
+            continue
         if ceiling_ms is not None:
             if bound * (1 - TOLERANCE) > ceiling_ms:
                 continue  # no plan at this size has a bottleneck within the ceiling: skip the probe

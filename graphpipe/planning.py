@@ -3,7 +3,9 @@
 The planners optimise the bottleneck stage's time per sample (TPS), which ignores warm-up
 and cool-down, where graph pipelines gain the most. So the best plan per micro-batch size
 is kept, each is simulated (`rank_by="simulation"`), and the one with the shortest
-simulated iteration wins (PAPER.md §4, [ours]); `rank_by="tps"` picks by TPS alone.
+simulated iteration wins (PAPER.md §4, [ours]); `rank_by="tps"` picks by TPS alone. For the
+ranking by simulation every size's plan is searched to full precision (`every_size`), not
+only the sizes that could hold the best TPS.
 `parallel-only` (the ablation) takes the micro-batch size of the sequential plan that the
 same ranking picks.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from graphpipe.cost.cluster import Cluster
 from graphpipe.cost.cost_table import CostTable
@@ -20,6 +23,9 @@ from graphpipe.errors import PlanningError
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.planner.api import plan_candidates
 from graphpipe.planner.stage_graph import Plan
+
+if TYPE_CHECKING:
+    from graphpipe.simulation.result import SimResult
 
 RANKINGS = ("simulation", "tps")
 
@@ -39,22 +45,24 @@ def plan(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: 
         options = {**(options or {}), "micro_batch_size": sequential.stages[0].micro_batch_size}
     candidates = plan_candidates(graph, costs, cluster, global_batch_size, planner=planner,
                                  micro_batch_sizes=micro_batch_sizes, per_stage_micro_batch=per_stage_micro_batch,
-                                 memory_limit=memory_limit, options=options)
+                                 memory_limit=memory_limit, options=options, every_size=rank_by == "simulation")
     if rank_by == "tps":
         best = min(candidates, key=lambda p: p.predicted_tps_ms)
         iteration_s = best.global_batch_size * best.predicted_tps_ms / 1e3
         best = dataclasses.replace(best, predicted_iteration_s=iteration_s)
     else:
-        best = _best_simulated(candidates, costs, cluster)
+        iteration_s, best, result = _simulated(candidates, costs, cluster)[0]
+        best = dataclasses.replace(best, predicted_iteration_s=iteration_s,
+                                   predicted_samples_per_s=result.samples_per_s)
     return dataclasses.replace(best, search_time_s=time.perf_counter() - start, planner=planner)
 
 
-def _best_simulated(candidates: Sequence[Plan], costs: CostTable, cluster: Cluster) -> Plan:
+def _simulated(candidates: Sequence[Plan], costs: CostTable, cluster: Cluster) -> list[tuple[float, Plan, SimResult]]:
+    """(simulated iteration seconds, plan, result), shortest first."""
     from graphpipe.simulation.simulator import simulate
 
     scored = []
     for candidate in candidates:
         result = simulate(candidate, costs, cluster, schedule=candidate.schedule)
-        scored.append((result.iteration_time_s, candidate.predicted_tps_ms, id(candidate), candidate, result))
-    iteration_s, _, _, best, result = min(scored)
-    return dataclasses.replace(best, predicted_iteration_s=iteration_s, predicted_samples_per_s=result.samples_per_s)
+        scored.append((result.iteration_time_s, candidate, result))
+    return sorted(scored, key=lambda item: (item[0], item[1].predicted_tps_ms))

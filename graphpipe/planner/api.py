@@ -49,7 +49,8 @@ def default_micro_batch_sizes(global_batch_size: int) -> tuple[int, ...]:
 
 def make_request(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int, *,
                  micro_batch_sizes: Sequence[int] | None = None, per_stage_micro_batch: bool = False,
-                 memory_limit: float | None = None, options: dict[str, float] | None = None) -> PlanRequest:
+                 memory_limit: float | None = None, options: dict[str, float] | None = None,
+                 every_size: bool = False) -> PlanRequest:
     """Check the request and fill in defaults."""
     if global_batch_size < 1:
         raise PlanningError(f"the mini-batch must hold at least 1 sample, got {global_batch_size}")
@@ -67,17 +68,20 @@ def make_request(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batc
     limit = float(memory_limit) if memory_limit is not None else float(cluster.device.memory_bytes)
     return PlanRequest(graph=graph, costs=costs, cluster=cluster, global_batch_size=global_batch_size,
                        micro_batch_sizes=sizes, memory_limit=limit, per_stage_micro_batch=per_stage_micro_batch,
-                       options=dict(options or {}))
+                       every_size=every_size, options=dict(options or {}))
 
 
 def plan_candidates(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int, *,
                     planner: str = "graphpipe", micro_batch_sizes: Sequence[int] | None = None,
                     per_stage_micro_batch: bool = False, memory_limit: float | None = None,
-                    options: dict[str, float] | None = None) -> tuple[Plan, ...]:
-    """The best plan per micro-batch size (best predicted TPS first), each validated."""
+                    options: dict[str, float] | None = None, every_size: bool = False) -> tuple[Plan, ...]:
+    """The best plan per micro-batch size (best predicted TPS first), each validated. The sizes that cannot
+    hold the best TPS are searched to 5% of their own best, unless `every_size` asks for full precision and
+    a shallower alternative per size (for `gp.plan`'s ranking by simulation)."""
     start = time.perf_counter()
     request = make_request(graph, costs, cluster, global_batch_size, micro_batch_sizes=micro_batch_sizes,
-                           per_stage_micro_batch=per_stage_micro_batch, memory_limit=memory_limit, options=options)
+                           per_stage_micro_batch=per_stage_micro_batch, memory_limit=memory_limit, options=options,
+                           every_size=every_size)
     if planner not in PLANNERS:
         raise PlanningError(f"unknown planner {planner!r}; choose one of {', '.join(PLANNER_NAMES)}")
     partitions = PLANNERS[planner](request)

@@ -339,8 +339,9 @@ def build_tables(model: CostModel, tree: SPChain) -> tuple[dict[int, ChainInfo],
 
 def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_sizes: Sequence[int],
                  memory_limit: float, tolerance: float = TOLERANCE,
-                 ceiling_ms: float | None = None) -> dict[int, list[StageSpec]]:
-    """Best SP-aligned stage graph per micro-batch size (sizes with no feasible plan are left out).
+                 ceiling_ms: float | None = None, every_size: bool = False) -> dict[int, list[list[StageSpec]]]:
+    """Best SP-aligned stage graph per micro-batch size, first in each size's list (sizes with no feasible
+    plan are left out).
 
     Sizes are searched from the largest down. A size whose lower bound (`Search.lower_bound_ms`)
     is already more than COARSE_KEEP above the best bottleneck found is skipped: no plan at
@@ -349,7 +350,12 @@ def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_
     lower bounds (optimum / lower bound varies little between neighbouring sizes). Then, best
     first, each size whose proven lower bound is below the best bottleneck found so far is
     narrowed to `tolerance` (the others cannot hold the optimum, and their plans are still
-    within COARSE_TOLERANCE of their own).
+    within COARSE_TOLERANCE of their own). With `every_size` (for a ranking that looks beyond
+    TPS, such as `gp.plan`'s by simulation), every size is narrowed to `tolerance`, and each
+    size's list also holds the plan of a probe COARSE_TOLERANCE above its best bottleneck when it
+    differs: the DP returns the plan with the fewest micro-batches in flight at the source
+    within the target, so a slightly looser target often gives a shallower graph with less
+    warm-up, which the simulation may prefer.
     With `ceiling_ms`, only plans whose bottleneck is at most the ceiling are searched for (one
     probe per size when there are none, none when the size's lower bound is above the ceiling).
     """
@@ -378,7 +384,13 @@ def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_
         return {}
     best = math.inf
     for search in sorted(searches.values(), key=lambda item: item.hi):
-        if search.lo < best:  # this size might still hold the optimum
+        if search.lo < best or every_size:  # this size might still hold the optimum
             search.narrow(tolerance)
             best = min(best, search.hi)
-    return {size: searches[size].best for size in sorted(searches)}
+    found = {size: [searches[size].best] for size in sorted(searches)}
+    if every_size:
+        for size, plans in found.items():
+            looser = searches[size].probe(searches[size].hi * (1 + COARSE_TOLERANCE))
+            if looser is not None and looser != plans[0]:
+                plans.append(looser)
+    return found

@@ -21,6 +21,7 @@ class PlanRequest:
     micro_batch_sizes: tuple[int, ...]
     memory_limit: float
     per_stage_micro_batch: bool = False
+    every_size: bool = False  # every size to full precision, with a shallower alternative (see partition_sp)
     options: dict[str, float] = field(default_factory=dict)  # planner-specific limits (time, downsets)
 
     @property

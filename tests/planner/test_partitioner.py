@@ -100,7 +100,7 @@ def _check_against_oracle(graph: OpGraph, costs: CostTable, num_devices: int, me
 
     oracle = min(bottleneck(p.stages) for p in aligned)
     dp = partition_sp(model, request.sp_tree, num_devices, (2, 4), request.memory_limit)
-    assert oracle - 1e-9 <= min(bottleneck(stages) for stages in dp.values()) <= oracle * (1 + TOLERANCE) + 1e-9
+    assert oracle - 1e-9 <= min(bottleneck(plans[0]) for plans in dp.values()) <= oracle * (1 + TOLERANCE) + 1e-9
     found = best_tps(plan_candidates(graph, costs, cluster, 8, **kwargs))
     assert found <= oracle * (1 + TOLERANCE) + 1e-9
     if unrestricted:

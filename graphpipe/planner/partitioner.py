@@ -352,10 +352,10 @@ def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_
     narrowed to `tolerance` (the others cannot hold the optimum, and their plans are still
     within COARSE_TOLERANCE of their own). With `every_size` (for a ranking that looks beyond
     TPS, such as `gp.plan`'s by simulation), every size is narrowed to `tolerance`, and each
-    size's list also holds the plan of a probe COARSE_TOLERANCE above its best bottleneck when it
-    differs: the DP returns the plan with the fewest micro-batches in flight at the source
-    within the target, so a slightly looser target often gives a shallower graph with less
-    warm-up, which the simulation may prefer.
+    size's list also holds, when they differ, the plan the coarse search had found and the plan
+    of a probe COARSE_TOLERANCE above the best bottleneck: the DP returns the plan with the
+    fewest micro-batches in flight at the source within the target, so a slightly looser target
+    often gives a shallower graph with less warm-up, which the simulation may prefer.
     With `ceiling_ms`, only plans whose bottleneck is at most the ceiling are searched for (one
     probe per size when there are none, none when the size's lower bound is above the ceiling).
     """
@@ -382,6 +382,7 @@ def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_
         ratio = search.hi / bound
     if not searches:
         return {}
+    coarse = {size: search.best for size, search in searches.items()}
     best = math.inf
     for search in sorted(searches.values(), key=lambda item: item.hi):
         if search.lo < best or every_size:  # this size might still hold the optimum
@@ -391,6 +392,5 @@ def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_
     if every_size:
         for size, plans in found.items():
             looser = searches[size].probe(searches[size].hi * (1 + COARSE_TOLERANCE))
-            if looser is not None and looser != plans[0]:
-                plans.append(looser)
+            plans.extend(plan for plan in (coarse[size], looser) if plan is not None and plan not in plans)
     return found

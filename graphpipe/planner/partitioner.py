@@ -74,13 +74,67 @@ FIRST_GUESS = 2.5  # optimum / lower bound is 1.5-2.1 on the paper's models (com
 
 
 _LOWER_BOUNDS: WeakKeyDictionary[CostModel, dict[tuple[int, int, int], float]] = WeakKeyDictionary()
+_OP_COLUMNS: WeakKeyDictionary[CostModel, dict[tuple[tuple[str, ...], float], tuple[np.ndarray, np.ndarray]]] = (
+    WeakKeyDictionary())
+
+
+def op_columns(model: CostModel, ops: tuple[str, ...], per_device_batch: float) -> tuple[np.ndarray, np.ndarray]:
+    """(fwd + bwd ms, activation bytes) of each op at `per_device_batch` samples, cached per model: every size's
+    lower bound and fit test read them on each of its degrees, and sizes share per-device batches."""
+    table = _OP_COLUMNS.setdefault(model, {})
+    key = (ops, per_device_batch)
+    hit = table.get(key)
+    if hit is None:
+        rows = [model.op_at(op, per_device_batch) for op in ops]
+        hit = table[key] = (np.array([sum(row[:2]) for row in rows], dtype=float),
+                            np.array([row[2] for row in rows], dtype=float))
+    return hit
+
+
+def _running_sum(values: np.ndarray) -> float:
+    """0.0 + values[0] + values[1] + ... added in this order, as a Python loop would (`add.accumulate` is
+    sequential, unlike `sum`'s pairwise summation), so the bounds are the same floats."""
+    return float(np.add.accumulate(np.concatenate(([0.0], values)))[-1])
+
+
+class ChainConstants:
+    """The arrays of a chain's segment tables that no micro-batch size changes (`Search._segment_arrays`),
+    built once and shared by the searches of all sizes of one `partition_sp` call (same model and memory
+    limit): each is an elementwise step of the tables' formulas, cut out as is, so the tables are the
+    same numbers."""
+
+    def __init__(self, search: Search, info: ChainInfo) -> None:
+        link = search.model.link
+        messages, _ = info.boundary_matrix()
+        self.params = info.param_array[None, :] - info.param_array[:, None]  # weights of [i, j)
+        self.later = np.triu(np.ones(self.params.shape, dtype=bool), 1)  # j > i
+        self.latency = messages * link.latency_us / 1e3
+        self.silent = ~(messages > 0)
+        self.spare = search.memory_limit - OPTIMIZER_STATE_FACTOR * self.params
+        self.no_room = self.spare < 0
+        self._model = search.model
+        self._all_reduce: dict[int, np.ndarray | float] = {}
+
+    def all_reduce(self, d1: int) -> np.ndarray | float:
+        """Ring all-reduce time of each segment's weights on d1 devices, per sample of the global batch."""
+        hit = self._all_reduce.get(d1)
+        if hit is None:
+            hit = 0.0
+            if d1 > 1:
+                link = all_reduce_link(self._model.cluster, d1)
+                steps = 2 * (d1 - 1)
+                hit = np.where(self.params > 0, steps / d1 * self.params / (link.bandwidth_gb_per_s * 1e9) * 1e3
+                               + steps * link.latency_us / 1e3, 0.0)
+            hit = self._all_reduce[d1] = hit / self._model.global_batch_size
+        return hit
 
 
 class Search:
     """Binary search on the TPS target for one micro-batch size (tables shared across probes)."""
 
     def __init__(self, model: CostModel, tree: SPChain, num_devices: int, micro_batch_size: int,
-                 memory_limit: float, infos: dict[int, ChainInfo], pars: dict[int, ParInfo]) -> None:
+                 memory_limit: float, infos: dict[int, ChainInfo], pars: dict[int, ParInfo],
+                 constants: dict[int, ChainConstants] | None = None) -> None:
         self.model = model
         self.tree = tree
         self.num_devices = num_devices
@@ -92,6 +146,7 @@ class Search:
         self.max_v = num_devices + 1
         self.infos = infos
         self.pars = pars
+        self.constants = {} if constants is None else constants  # shared by the sizes of one model and memory limit
         self._segments: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         self._rows: dict[tuple[int, int, int], tuple[list[float], list[float], list[int]]] = {}
         self._offers: dict[int, SegmentOffers] = {}
@@ -118,7 +173,7 @@ class Search:
         return row
 
     def offers(self, info: ChainInfo, target_ms: float) -> SegmentOffers:
-        """The chain's (segment, degree) offers that `Probe._segments` may need at `target_ms`.
+        """The chain's (segment, degree) offers that `Probe._segment_keys` may need at `target_ms`.
 
         Built for a window of targets and reused while the targets stay in it: the binary search's
         interval once its lower end is known (`start`), which later probes never leave, else only this
@@ -131,17 +186,33 @@ class Search:
         return hit
 
     def _build_offers(self, info: ChainInfo, low: float, bound: float) -> SegmentOffers:
-        """Offers within `bound` (TPS >= compute, so the compute is within too) and not dominated at `low`."""
+        """Offers within `bound` (TPS >= compute, so the compute is within too) and not dominated at `low`.
+
+        Read through flat indices (one `take` per array, no 3-D fancy indexing), ordered by TPS and then,
+        stably, by start (a radix sort): the order among a start's offers of equal TPS is free, as
+        `Probe._segment_keys` keeps the same cell whatever the order."""
         _, tps, k_max, fits = self._table(info)
         until = self._dominated_above(tps, k_max, fits)
-        pos, start, stop = np.nonzero(fits & (tps <= bound) & (tps < until) & (until > dominance_cap(low)))
-        values = tps[pos, start, stop]
-        order = np.lexsort((values, start))  # by start, then by TPS
-        pos, start, stop = pos[order], start[order], stop[order]
-        return SegmentOffers(low=low, bound=bound, tps=values[order].tolist(),
-                             degrees=np.array(self.degrees)[pos].tolist(), stops=stop.tolist(),
-                             k_maxes=k_max[pos, start, stop].tolist(), until=until[pos, start, stop].tolist(),
-                             offsets=np.searchsorted(start, np.arange(info.num_items + 2)).tolist())
+        mask = tps <= bound
+        mask &= fits
+        mask &= tps < until
+        mask &= until > dominance_cap(low)
+        flat = np.flatnonzero(mask)
+        values = tps.ravel()[flat]
+        side = info.num_items + 1
+        order = np.argsort(values)
+        order = order[np.argsort((flat // side % side)[order].astype(np.min_scalar_type(side)), kind="stable")]
+        flat, values = flat[order], values[order]
+        pos, rest = np.divmod(flat, side * side)
+        start, stop = np.divmod(rest, side)
+        degrees = np.array(self.degrees)[pos]
+        span = info.num_items + 2  # > any stop
+        unit = (self.num_devices + 1) * span  # > any d1 * span + stop
+        offsets = np.searchsorted(start, np.arange(info.num_items + 2))
+        return SegmentOffers(low=low, bound=bound, tps=values.tolist(), rooms=(self.num_devices - degrees).tolist(),
+                             stops=stop.tolist(), k_maxes=k_max.ravel()[flat].tolist(),
+                             until=until.ravel()[flat].tolist(), keys=(degrees * (unit + span) + stop).tolist(),
+                             offsets=offsets.tolist(), span=span, unit=unit)
 
     @staticmethod
     def _dominated_above(tps: np.ndarray, k_max: np.ndarray, fits: np.ndarray) -> np.ndarray:
@@ -167,59 +238,51 @@ class Search:
         `fits[d, i, j]`: j > i and every [i, j') with i < j' <= j holds its weights and one micro-batch.
         Computed in place where it can: the arrays of a long chain are large."""
         b = self.micro_batch_size
+        fixed = self.constants.get(id(info))
+        if fixed is None:
+            fixed = self.constants[id(info)] = ChainConstants(self, info)
         prefixes = [info.prefix_arrays(b / d1) for d1 in self.degrees]
         times = np.stack([times for times, _ in prefixes])[:, None, :]
         acts = np.stack([acts for _, acts in prefixes])[:, None, :]
-        params = info.param_array[None, :] - info.param_array[:, None]
         compute = times - times.transpose(0, 2, 1)
         compute /= b
-        tps = self._segment_tps(info, compute, params)
-        k_max = self._segment_k_max(acts - acts.transpose(0, 2, 1), params)
-        later = np.triu(np.ones(params.shape, dtype=bool), 1)
-        fits = np.logical_or.accumulate((k_max < 1) & later, axis=2)
+        tps = self._segment_tps(info, compute, fixed)
+        k_max = self._segment_k_max(acts - acts.transpose(0, 2, 1), fixed)
+        fits = np.logical_or.accumulate((k_max < 1) & fixed.later, axis=2)
         np.logical_not(fits, out=fits)
-        fits &= later
+        fits &= fixed.later
         return compute, tps, k_max, fits
 
-    def _segment_tps(self, info: ChainInfo, compute: np.ndarray, params: np.ndarray) -> np.ndarray:
+    def _segment_tps(self, info: ChainInfo, compute: np.ndarray, fixed: ChainConstants) -> np.ndarray:
         """compute + p2p time / b + all-reduce time / global batch, per degree and segment."""
         b, link = self.micro_batch_size, self.model.link
-        messages, num_bytes = info.boundary_matrix()
+        _, num_bytes = info.boundary_matrix()
         per_device = np.array([b / d1 for d1 in self.degrees])[:, None, None]
         tps = num_bytes * per_device
         tps /= link.bandwidth_gb_per_s * 1e9
         tps *= 1e3
-        tps += messages * link.latency_us / 1e3
+        tps += fixed.latency
         tps *= 2
-        np.copyto(tps, 0.0, where=~(messages > 0))
+        np.copyto(tps, 0.0, where=fixed.silent)
         tps /= b
         tps += compute
         for pos, d1 in enumerate(self.degrees):
-            tps[pos] += self._all_reduce(params, d1) / self.global_batch_size
+            tps[pos] += fixed.all_reduce(d1)
         return tps
 
-    def _segment_k_max(self, act: np.ndarray, params: np.ndarray) -> np.ndarray:
+    def _segment_k_max(self, act: np.ndarray, fixed: ChainConstants) -> np.ndarray:
         """Most micro-batches in flight per degree and segment (as `max_in_flight_micro_batches`, with
         UNBOUNDED capped at max_v); -1 where the weights alone do not fit. `act` is overwritten."""
-        spare = self.memory_limit - OPTIMIZER_STATE_FACTOR * params
         k_max = act
         with np.errstate(divide="ignore", invalid="ignore"):  # no activations: inf, or nan with no spare either
-            np.divide(spare, k_max, out=k_max)
+            np.divide(fixed.spare, k_max, out=k_max)
         np.floor(k_max, out=k_max)
         whole = k_max >= self.num_micro_batches  # holding the whole mini-batch is no limit
         max_v = float(self.max_v)
         np.fmin(k_max, max_v, out=k_max)  # fmin takes max_v over nan
         np.copyto(k_max, max_v, where=whole)
-        np.copyto(k_max, -1.0, where=spare < 0)
+        np.copyto(k_max, -1.0, where=fixed.no_room)
         return k_max.astype(np.int64)
-
-    def _all_reduce(self, params: np.ndarray, d1: int) -> np.ndarray | float:
-        if d1 <= 1:
-            return 0.0
-        link = all_reduce_link(self.model.cluster, d1)
-        steps = 2 * (d1 - 1)
-        return np.where(params > 0, steps / d1 * params / (link.bandwidth_gb_per_s * 1e9) * 1e3
-                        + steps * link.latency_us / 1e3, 0.0)
 
     def group_options(self, pinfo: ParInfo, group: int) -> list[tuple[int, float, int]]:
         """(devices, TPS, most micro-batches in flight) of merged branches, fewest devices first; cached."""
@@ -260,11 +323,10 @@ class Search:
             shared = _LOWER_BOUNDS.setdefault(self.model, {})  # the graph-pipeline and chain searches share it
             key = (self.micro_batch_size, self.num_devices, len(self.tree.ops))
             if key not in shared:
-                b, widest, total, costliest = self.micro_batch_size, self.degrees[-1], 0.0, 0.0
-                for op in self.tree.ops:
-                    total += min(sum(self.model.op_at(op, b / d)[:2]) * d for d in self.degrees)
-                    costliest = max(costliest, sum(self.model.op_at(op, b / widest)[:2]))
-                shared[key] = max(total / self.num_devices, costliest) / b
+                b, widest, ops = self.micro_batch_size, self.degrees[-1], self.tree.ops
+                cheapest = np.minimum.reduce([op_columns(self.model, ops, b / d)[0] * d for d in self.degrees])
+                costliest = max(0.0, float(np.max(op_columns(self.model, ops, b / widest)[0], initial=0.0)))
+                shared[key] = max(_running_sum(cheapest) / self.num_devices, costliest) / b
             self._lower_bound = shared[key]
         return self._lower_bound
 
@@ -273,10 +335,10 @@ class Search:
         gradients and Adam state and at least one micro-batch's activations (split d ways on d devices), so
         all devices together hold at least 4 x all the weights plus every op's activations on its cheapest
         degree. Saves the probes that would find out (the largest sizes on few devices)."""
-        b, params, acts = self.micro_batch_size, 0.0, 0.0
-        for op in self.tree.ops:
+        b, ops, params = self.micro_batch_size, self.tree.ops, 0.0
+        for op in ops:
             params += self.model.param_bytes[op]
-            acts += min(self.model.op_at(op, b / d)[2] * d for d in self.degrees)
+        acts = _running_sum(np.minimum.reduce([op_columns(self.model, ops, b / d)[1] * d for d in self.degrees]))
         return OPTIMIZER_STATE_FACTOR * params + acts <= self.memory_limit * self.num_devices
 
     def attempt(self, target_ms: float) -> bool:
@@ -360,10 +422,11 @@ def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_
     probe per size when there are none, none when the size's lower bound is above the ceiling).
     """
     infos, pars = build_tables(model, tree)
+    constants: dict[int, ChainConstants] = {}
     searches: dict[int, Search] = {}
     ratio = None
     for size in sorted(micro_batch_sizes, reverse=True):
-        search = Search(model, tree, num_devices, size, memory_limit, infos, pars)
+        search = Search(model, tree, num_devices, size, memory_limit, infos, pars, constants)
         bound = search.lower_bound_ms()
         if searches and bound > min(s.hi for s in searches.values()) * COARSE_KEEP:
             continue  # even a perfect plan at this size could not be among the best

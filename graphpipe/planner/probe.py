@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from graphpipe.planner.partitioner import Search
 
 BIG = 1 << 40
-_NO_KEY = 1 << 62  # above every (cost, degree, stop) key of `Probe._segments`
+_NO_KEY = 1 << 62  # above every (cost, degree, stop) key of `Probe._segment_keys`
 MAX_ENUMERATED_BRANCHES = 4
 _SEG, _PAR, _BLOCK = 0, 1, 2
 
@@ -52,15 +52,20 @@ class SegmentOffers:
     [offsets[start], offsets[start + 1]) ordered by TPS, for targets from `low` to `bound`: all with
     TPS <= `bound`. From a target of `until` on, a smaller degree of the same segment makes every
     offer of this one at fewer devices (`Search._dominated_above`); offers dominated at `low` are
-    left out."""
+    left out. What `Probe._segment_keys` derives from an offer's degree is stored instead of the degree:
+    `rooms` (devices left beside it) and `keys` (its part d1 * (unit + span) + stop of the cell key,
+    with the chain's `span` and `unit`)."""
     low: float
     bound: float
     tps: list[float]
-    degrees: list[int]
+    rooms: list[int]
     stops: list[int]
     k_maxes: list[int]
     until: list[float]
+    keys: list[int]
     offsets: list[int]
+    span: int
+    unit: int
 
 
 def dominance_cap(target_ms: float) -> float:
@@ -97,6 +102,34 @@ def _settle(row: list[int], chosen: list[tuple | None], num_devices: int) -> lis
         if devices > num_devices:
             row[v] = BIG
         else:
+            row[v] = devices
+            if devices < last:
+                out.append((v, devices))
+                last = devices
+    return out
+
+
+def _settle_keys(best: list[int], offers: SegmentOffers, row: list[int], chosen: list[tuple | None],
+                 num_devices: int) -> list[tuple[int, int]]:
+    """`Probe._segments` then `_settle` in one pass, for a row only segments write to (all infeasible
+    before): the same cells, choices and breakpoints."""
+    span, unit = offers.span, offers.unit
+    out: list[tuple[int, int]] = []
+    last = previous = BIG  # cell 0 stays infeasible
+    for u in range(len(row) - 1):
+        key, v = best[u], u + 1
+        pick: tuple | None = None
+        if key == _NO_KEY:
+            devices = BIG
+        else:
+            devices, rest_key = divmod(key, unit)
+            d1, stop = divmod(rest_key, span)
+            pick = (_SEG, stop, d1, u)
+        if previous < devices:
+            devices, pick = previous, chosen[u]
+        previous = devices
+        chosen[v] = pick
+        if devices <= num_devices:
             row[v] = devices
             if devices < last:
                 out.append((v, devices))
@@ -155,6 +188,7 @@ class Probe:
     def __init__(self, search: Search, target_ms: float) -> None:
         self.s = search
         self.target = target_ms
+        self.dominated = dominance_cap(target_ms)  # offers with `until` up to this are dominated
         self.chain_memo: dict[tuple[int, int, int], _ChainSol] = {}
         self.par_memo: dict[tuple[int, int], _ParSol] = {}
         self.block_memo: dict[tuple[int, int, int, bool, int], tuple[list[int], list[tuple | None]]] = {}
@@ -185,23 +219,41 @@ class Probe:
         offers = s.offers(info, self.target)
         for start in range(end - 1, -1, -1):
             row, chosen = need[start], choice[start]
-            self._segments(offers, start, breaks, fewest, row, chosen)
-            item = chain.items[start]
-            if isinstance(item, SPParallel):
-                self._open(item, need[start + 1], row, chosen)
-            if info.next_parallel[start] < num_items:
+            if info.next_parallel[start] >= num_items:  # only segments start here: settle their keys directly
+                best = self._segment_keys(offers, start, breaks, fewest, max_v + 1)
+                found = [] if best is None else _settle_keys(best, offers, row, chosen, num_devices)
+            else:
+                self._segments(offers, start, breaks, fewest, row, chosen)
+                item = chain.items[start]
+                if isinstance(item, SPParallel):
+                    self._open(item, need[start + 1], row, chosen)
                 self._blocks(chain, start, need, row, chosen)
-            found = breaks[start] = _settle(row, chosen, num_devices)
+                found = _settle(row, chosen, num_devices)
+            breaks[start] = found
             if found:
                 fewest[start] = found[-1][1]
         return _ChainSol(need=need, choice=choice)
 
     def _segments(self, offers: SegmentOffers, start: int, breaks: list[list[tuple[int, int]]], fewest: list[int],
                   row: list[int], chosen: list[tuple | None]) -> None:
-        """Segments [start, stop) as the first stage; only the breakpoints of the rest's vector matter
-        (the monotone pass of `_settle` fills in the v between them). A candidate needing more than all
-        the devices is never kept (`_settle` marks it infeasible), so it is not tried: the rest's fewest
-        devices (its last breakpoint, `fewest[stop]`) must leave room for d1.
+        """Segments [start, stop) as the first stage, written into the row (see `_segment_keys`)."""
+        best = self._segment_keys(offers, start, breaks, fewest, len(row))
+        if best is None:
+            return
+        span, unit = offers.span, offers.unit
+        for u, key in enumerate(best):
+            if key != _NO_KEY:
+                cost, rest_key = divmod(key, unit)
+                d1, stop = divmod(rest_key, span)
+                row[u + 1], chosen[u + 1] = cost, (_SEG, stop, d1, u)
+
+    def _segment_keys(self, offers: SegmentOffers, start: int, breaks: list[list[tuple[int, int]]],
+                      fewest: list[int], size: int) -> list[int] | None:
+        """Per u, the key of the best segment [start, stop) as the first stage of cell u + 1 (None: no offer
+        within the target). Only the breakpoints of the rest's vector matter (the monotone pass of `_settle`
+        fills in the v between them). A candidate needing more than all the devices is never kept (`_settle`
+        marks it infeasible), so it is not tried: the rest's fewest devices (its last breakpoint,
+        `fewest[stop]`) must leave room for d1.
 
         Each cell keeps the cheapest offer, then the smallest degree, then the shortest segment, as one
         integer key (cost, d1, stop), so the offers can come in any order: here by TPS, so that those
@@ -209,21 +261,18 @@ class Probe:
         same segment is within the target and holds as many micro-batches in flight (it makes every
         offer of this one at fewer devices); the rest are all tried, so a degree also tries the v
         that a smaller one already covers (they never win a cell)."""
-        target, num_devices = self.target, self.s.num_devices
-        lo, hi = offers.offsets[start], offers.offsets[start + 1]
-        hi = bisect_right(offers.tps, target, lo, hi)
+        target = self.target
+        lo = offers.offsets[start]
+        hi = bisect_right(offers.tps, target, lo, offers.offsets[start + 1])
         if lo == hi:
-            return
-        span = len(breaks) + 1  # > any stop
-        unit = (num_devices + 1) * span  # > any d1 * span + stop
-        best = [_NO_KEY] * len(row)  # per u, the key of cell u + 1
-        dominated = dominance_cap(target)
-        for d1, stop, k_max, until in zip(offers.degrees[lo:hi], offers.stops[lo:hi], offers.k_maxes[lo:hi],
-                                          offers.until[lo:hi]):
-            if until <= dominated or fewest[stop] + d1 > num_devices:
+            return None
+        unit = offers.unit
+        best = [_NO_KEY] * size  # per u, the key of cell u + 1
+        dominated = self.dominated
+        for room, stop, k_max, until, base in zip(offers.rooms[lo:hi], offers.stops[lo:hi], offers.k_maxes[lo:hi],
+                                                  offers.until[lo:hi], offers.keys[lo:hi]):
+            if until <= dominated or fewest[stop] > room:
                 continue
-            room = num_devices - d1
-            base = d1 * (unit + span) + stop
             for u, devices in breaks[stop]:
                 if u >= k_max:
                     break
@@ -231,11 +280,7 @@ class Probe:
                     key = devices * unit + base
                     if key < best[u]:
                         best[u] = key
-        for u, key in enumerate(best):
-            if key != _NO_KEY:
-                cost, rest_key = divmod(key, unit)
-                d1, stop = divmod(rest_key, span)
-                row[u + 1], chosen[u + 1] = cost, (_SEG, stop, d1, u)
+        return best
 
     def _open(self, par: SPParallel, rest: list[int], row: list[int], chosen: list[tuple | None]) -> None:
         max_v = self.s.max_v

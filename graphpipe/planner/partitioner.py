@@ -73,7 +73,7 @@ COARSE_KEEP = 1.05
 FIRST_GUESS = 2.5  # optimum / lower bound is 1.5-2.1 on the paper's models (communication, uneven stages)
 
 
-_LOWER_BOUNDS: WeakKeyDictionary[CostModel, dict[tuple[int, int, int], float]] = WeakKeyDictionary()
+_LOWER_BOUNDS: WeakKeyDictionary[CostModel, dict[tuple[int, int, frozenset[str]], float]] = WeakKeyDictionary()
 _OP_COLUMNS: WeakKeyDictionary[CostModel, dict[tuple[tuple[str, ...], float], tuple[np.ndarray, np.ndarray]]] = (
     WeakKeyDictionary())
 
@@ -321,7 +321,7 @@ class Search:
         devices, and no less than the costliest op alone on the widest degree (an op is never split)."""
         if self._lower_bound is None:
             shared = _LOWER_BOUNDS.setdefault(self.model, {})  # the graph-pipeline and chain searches share it
-            key = (self.micro_batch_size, self.num_devices, len(self.tree.ops))
+            key = (self.micro_batch_size, self.num_devices, frozenset(self.tree.ops))
             if key not in shared:
                 b, widest, ops = self.micro_batch_size, self.degrees[-1], self.tree.ops
                 cheapest = np.minimum.reduce([op_columns(self.model, ops, b / d)[0] * d for d in self.degrees])

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import sys
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from graphpipe.graph.sp import SPChain, SPParallel
 from graphpipe.planner.chain_info import ChainInfo
-from graphpipe.planner.fork_join import block_need, emit_block
+from graphpipe.planner.fork_join import ForkJoin, block_need, emit_block
 from graphpipe.planner.stage_cost import CostModel, StageCost
 from graphpipe.planner.stage_spec import StageSpec
 
@@ -182,6 +183,10 @@ class ParInfo:
             sub = (sub - 1) & rest
 
 
+def _block_vector(probe: Probe, block: ForkJoin, with_join: bool, k_after: int) -> list[int]:
+    return block_need(probe, block, with_join, k_after)[0]
+
+
 class Probe:
     """One DP run for a micro-batch size and a TPS target."""
 
@@ -283,6 +288,17 @@ class Probe:
         return best
 
     def _open(self, par: SPParallel, rest: list[int], row: list[int], chosen: list[tuple | None]) -> None:
+        def block_at(k_after: int) -> list[int]:
+            sol = self.par(par, k_after)
+            return sol.need[sol.full]
+
+        self._before(rest, row, chosen, block_at, (_PAR,))
+
+    def _before(self, rest: list[int], row: list[int], chosen: list[tuple | None],
+                block_at: Callable[[int], list[int]], tag: tuple) -> None:
+        """A block followed by `rest`: for every in-flight count k_after at which the rest needs fewer devices
+        than at any smaller one, the block's need vector given k_after plus those devices; the choice is
+        recorded as tag + (k_after, v)."""
         max_v = self.s.max_v
         previous = BIG
         for k_after in range(max_v + 1):
@@ -290,13 +306,12 @@ class Probe:
             if devices >= previous or devices >= BIG:
                 continue
             previous = devices
-            sol = self.par(par, k_after)
-            block = sol.need[sol.full]
+            block = block_at(k_after)
             for v in range(k_after + 1, max_v + 1):
                 cost = block[v] + devices
                 if cost < row[v]:
                     row[v] = cost
-                    chosen[v] = (_PAR, k_after, v)
+                    chosen[v] = (*tag, k_after, v)
 
     def _blocks(self, chain: SPChain, start: int, need: list[list[int]], row: list[int],
                 chosen: list[tuple | None]) -> None:
@@ -311,19 +326,7 @@ class Probe:
             if found.fork is None and not with_join:
                 continue
             rest = need[found.stop if with_join else found.par_pos + 1]
-            max_v = self.s.max_v
-            previous = BIG
-            for k_after in range(max_v + 1):
-                devices = rest[k_after]
-                if devices >= previous or devices >= BIG:
-                    continue
-                previous = devices
-                block, _ = block_need(self, found, with_join, k_after)
-                for v in range(k_after + 1, max_v + 1):
-                    cost = block[v] + devices
-                    if cost < row[v]:
-                        row[v] = cost
-                        chosen[v] = (_BLOCK, with_join, k_after, v)
+            self._before(rest, row, chosen, partial(_block_vector, self, found, with_join), (_BLOCK, with_join))
 
     # ---- parallel blocks -----------------------------------------------------------------
     def par(self, par: SPParallel, k_after: int) -> _ParSol:

@@ -48,7 +48,7 @@ class Setup:
     micro_batch_devices: int = 8
     case_devices: int = 8
     case_batch: int = 128
-    case_memory_limits_gib: tuple[float | None, ...] = (None, 1.0, 0.52, 0.4)  # None: the device's 16 GiB
+    case_memory_limits_gib: tuple[float | None, ...] = (None, 1.0, 0.52, 0.4, 0.38)  # None: the device's 16 GiB
     transformer_devices: tuple[int, ...] = (8, 32)
     batch_sweep_per_device: tuple[int, ...] = (4, 8, 32)  # mini-batch sensitivity at ablation_devices
 

@@ -5,7 +5,8 @@ parameters of a segment are prefix-sum differences. The traffic across its bound
 (messages and bytes per sample, on the real op edges) is grown item by item from i, lazily,
 only as far as a caller asks (`boundary`); the partitioner reads every segment's at once from
 `boundary_matrix`, which lays each tensor's contribution down as rectangles of segments
-(vectorised, with the same numbers as the item-by-item rows).
+(vectorised, with the same numbers as the item-by-item rows; chains of up to ROWS_UP_TO items
+grow the rows instead: numpy's fixed cost per call outweighs their few cells).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import numpy as np
 from graphpipe.graph.sp import SPChain, SPParallel
 from graphpipe.planner.fork_join import ForkJoin, fork_join_items
 from graphpipe.planner.stage_cost import CostModel
+
+ROWS_UP_TO = 12  # chains this short grow their rows in Python faster than numpy lays down rectangles
 
 
 class _Row:
@@ -107,7 +110,8 @@ class ChainInfo:
     def boundary_matrix(self) -> tuple[np.ndarray, np.ndarray]:
         """(messages, bytes per sample) of every segment [i, j) as (L + 1) x (L + 1) arrays (j > i)."""
         if self._matrix is None:
-            self._matrix = boundary_rectangles(self) or self.boundary_matrix_by_rows()
+            small = self.num_items <= ROWS_UP_TO
+            self._matrix = (None if small else boundary_rectangles(self)) or self.boundary_matrix_by_rows()
         return self._matrix
 
     def boundary_matrix_by_rows(self) -> tuple[np.ndarray, np.ndarray]:

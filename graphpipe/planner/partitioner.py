@@ -70,7 +70,7 @@ __all__ = ["MAX_ENUMERATED_BRANCHES", "TOLERANCE", "Search", "divisors_up_to", "
 TOLERANCE = 1e-3
 COARSE_TOLERANCE = 5e-2
 COARSE_KEEP = 1.05
-FIRST_GUESS = 2.5  # optimum / lower bound is 1.5-2.1 on the paper's models (communication, uneven stages)
+FIRST_GUESS = 1.6  # optimum / lower bound is 1.2-1.6 on most of the paper's configurations, up to 2.8
 
 
 _LOWER_BOUNDS: WeakKeyDictionary[CostModel, dict[tuple[int, int, frozenset[str]], float]] = WeakKeyDictionary()
@@ -351,13 +351,14 @@ class Search:
         return True
 
     def start(self, guess_ms: float | None = None, tolerance: float = COARSE_TOLERANCE) -> bool:
-        """First feasible plan (False: none at this size). A guess from another size is probed, then
-        above it by steps growing from `tolerance` fourfold, so a close guess brackets the optimum in
-        about two probes. Without one, the guess is FIRST_GUESS times the lower bound, and if that
-        fails, one probe with no TPS target tells whether the size has a plan at all."""
+        """First feasible plan (False: none at this size). The guess (from another size, else FIRST_GUESS
+        times the lower bound) is probed, then above it by steps growing from `tolerance` fourfold, and
+        last with no TPS target, which tells whether the size has a plan at all. A close guess brackets
+        the optimum in about two probes; a low one costs a few failed probes, which are cheap (few
+        offers are within a tight target), where a loose one costs a slow first probe."""
         self.lo = self.lower_bound_ms() * (1 - TOLERANCE)  # set first: `offers` then builds for the whole search
         if guess_ms is None:
-            return self.attempt(self.lower_bound_ms() * FIRST_GUESS) or self.attempt(math.inf)
+            guess_ms = self.lower_bound_ms() * FIRST_GUESS
         step, target = tolerance, guess_ms
         self.window_top = guess_ms * (1 + step * 5)  # the first two probes of the walk up
         while step < 1:

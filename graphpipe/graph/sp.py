@@ -95,9 +95,47 @@ def merged_leaves(chain: SPChain) -> tuple[SPLeaf, ...]:
 
 
 def sp_decompose(graph: OpGraph) -> SPChain:
-    """The SP tree of an op graph (ops of the tree = ops of the graph, each exactly once)."""
-    preds = {op.name: graph.predecessors(op.name) for op in graph.ops}
-    return decompose_dag(graph.names, preds)
+    """The SP tree of an op graph (ops of the tree = ops of the graph, each exactly once).
+
+    A parameter or buffer read (`get_attr`) with no inputs and a single reader rides in its
+    reader's leaf: the runtime copies it into the stage that reads it, so a stage or a message
+    of its own would only cost. Left in the graph it would be a branch from the virtual
+    source of its own (DLRM's interaction index: a two-branch block around the whole model).
+    """
+    riders = _riders(graph)
+    names = [name for name in graph.names if name not in riders]
+    preds = {name: tuple(p for p in graph.predecessors(name) if p not in riders) for name in names}
+    tree = decompose_dag(names, preds)
+    if not riders:
+        return tree
+    order = {name: idx for idx, name in enumerate(graph.names)}
+    by_reader: dict[str, list[str]] = {}
+    for rider, reader in riders.items():
+        by_reader.setdefault(reader, []).append(rider)
+    return _with_riders(tree, by_reader, order)
+
+
+def _riders(graph: OpGraph) -> dict[str, str]:
+    """get_attr ops with no inputs and exactly one reader, mapped to that reader."""
+    out = {}
+    for op in graph.ops:
+        if op.kind == "get_attr" and not graph.predecessors(op.name):
+            readers = graph.successors(op.name)
+            if len(readers) == 1:
+                out[op.name] = readers[0]
+    return out
+
+
+def _with_riders(chain: SPChain, by_reader: Mapping[str, Sequence[str]], order: Mapping[str, int]) -> SPChain:
+    items: list[SPItem] = []
+    for item in chain.items:
+        if isinstance(item, SPParallel):
+            branches = tuple(_with_riders(branch, by_reader, order) for branch in item.branches)
+            items.append(SPParallel(branches=branches, has_bypass=item.has_bypass))
+        else:
+            extra = [rider for op in item.ops for rider in by_reader.get(op, ())]
+            items.append(SPLeaf(ops=tuple(sorted(item.ops + tuple(extra), key=order.__getitem__))) if extra else item)
+    return SPChain(items=tuple(items))
 
 
 def decompose_dag(names: Sequence[str], preds: Mapping[str, Sequence[str]]) -> SPChain:

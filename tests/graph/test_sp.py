@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import nn
 
-from graphpipe.graph.sp import SPChain, SPLeaf, SPParallel, decompose_dag, iter_parallels, merged_leaves
+from graphpipe.graph.capture import capture
+from graphpipe.graph.op_graph import OpGraph
+from graphpipe.graph.sp import (
+    SPChain,
+    SPLeaf,
+    SPParallel,
+    decompose_dag,
+    iter_chains,
+    iter_parallels,
+    merged_leaves,
+    sp_decompose,
+)
 
 
 def flat(chain: SPChain) -> list[str]:
@@ -104,3 +118,44 @@ def test_any_dag_is_covered_once_in_a_topological_order(preds: dict[str, tuple[s
     assert sorted(order) == sorted(preds)
     position = {name: idx for idx, name in enumerate(order)}
     assert all(position[src] < position[dst] for dst, srcs in preds.items() for src in srcs)
+
+
+class _ReadsABuffer(nn.Module):
+    """Two branches; the join scales by a buffer that fx reads with a get_attr node."""
+
+    def __init__(self, readers: int) -> None:
+        super().__init__()
+        self.left, self.right = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.register_buffer("scale", torch.ones(4))
+        self.readers = readers
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = self.scale  # one get_attr node, however many ops read it
+        joined = (self.left(x) + self.right(x)) * scale
+        return joined + scale if self.readers == 2 else joined
+
+
+def test_a_buffer_read_by_one_op_rides_in_its_leaf() -> None:
+    graph = capture(_ReadsABuffer(readers=1), (torch.randn(2, 4),))
+    (buffer,) = [op.name for op in graph.ops if op.kind == "get_attr"]
+    (reader,) = graph.successors(buffer)
+    tree = sp_decompose(graph)
+    assert sorted(tree.ops) == sorted(graph.names)
+    assert [type(item) for item in tree.items] == [SPLeaf, SPParallel, SPLeaf, SPLeaf, SPLeaf]
+    (leaf,) = [item for item in tree.items if isinstance(item, SPLeaf) and buffer in item.ops]
+    assert leaf.ops == (buffer, reader)  # no branch of its own from the virtual source
+    assert all(len(branch.items) == 1 for par in iter_parallels(tree) for branch in par.branches)
+
+
+def test_a_buffer_read_by_two_ops_keeps_its_own_place() -> None:
+    """fx reads a buffer once per use; a graph file may share one read between two ops."""
+    captured = capture(_ReadsABuffer(readers=2), (torch.randn(2, 4),))
+    first, second = [op.name for op in captured.ops if op.kind == "get_attr"]
+    ops = tuple(replace(op, inputs=tuple(first if name == second else name for name in op.inputs))
+                for op in captured.ops if op.name != second)
+    graph = OpGraph(name="shared read", example_batch_size=2, ops=ops)
+    assert len(graph.successors(first)) == 2
+    tree = sp_decompose(graph)
+    assert sorted(tree.ops) == sorted(graph.names)
+    leaves = [item for chain in iter_chains(tree) for item in chain.items if isinstance(item, SPLeaf)]
+    assert any(leaf.ops == (first,) for leaf in leaves)

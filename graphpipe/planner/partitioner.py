@@ -151,6 +151,7 @@ class Search:
         self._rows: dict[tuple[int, int, int], tuple[list[float], list[float], list[int]]] = {}
         self._offers: dict[int, SegmentOffers] = {}
         self._groups: dict[tuple[int, int], list[tuple[int, float, int]]] = {}
+        self._totals: dict[tuple[int, int], list[tuple[float, float]]] = {}
         self.best: list[StageSpec] = []
         self.lo = self.hi = 0.0
         self.window_top = 0.0  # the largest target the search expects to probe (`offers` builds up to it)
@@ -294,19 +295,30 @@ class Search:
         _, params, messages, num_bytes = pinfo.group(group)
         out = []
         if OPTIMIZER_STATE_FACTOR * params <= self.memory_limit:
-            branches = [info for pos, info in enumerate(pinfo.branch_infos) if group >> pos & 1]
-            for d1 in self.degrees:
-                compute = act = 0.0
-                for info in branches:  # branch totals: the last prefix sums
-                    times, acts = info.prefix_at(b / d1)
-                    compute += times[-1]
-                    act += acts[-1]
+            for d1, (compute, act) in zip(self.degrees, self._group_totals(pinfo, group)):
                 tps = (compute + p2p_ms(model.link, messages, num_bytes * b / d1)) / b
                 tps += model.all_reduce_ms(params, d1) / self.global_batch_size
                 out.append((d1, tps, max_in_flight_micro_batches(params, act, self.memory_limit,
                                                                     self.num_micro_batches)))
         self._groups[key] = out
         return out
+
+    def _group_totals(self, pinfo: ParInfo, mask: int) -> list[tuple[float, float]]:
+        """Per degree, (compute, activations) of the branches in `mask`: their prefix-sum totals added in branch
+        order, the lower branches' sum first (so a group reuses the one without its top branch)."""
+        key = (id(pinfo), mask)
+        hit = self._totals.get(key)
+        if hit is None:
+            top = 1 << (mask.bit_length() - 1)
+            if mask == top:
+                info, b = pinfo.branch_infos[mask.bit_length() - 1], self.micro_batch_size
+                totals = (info.prefix_at(b / d1) for d1 in self.degrees)
+                hit = [(0.0 + times[-1], 0.0 + acts[-1]) for times, acts in totals]
+            else:
+                lower, mine = self._group_totals(pinfo, mask ^ top), self._group_totals(pinfo, top)
+                hit = [(c + c_top, a + a_top) for (c, a), (c_top, a_top) in zip(lower, mine)]
+            self._totals[key] = hit
+        return hit
 
     def probe(self, target_ms: float) -> list[StageSpec] | None:
         probe = Probe(self, target_ms)

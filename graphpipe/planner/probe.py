@@ -150,6 +150,7 @@ class ParInfo:
         self.model = model
         self.interval = len(par.branches) > MAX_ENUMERATED_BRANCHES
         self._groups: dict[int, tuple[tuple[str, ...], int, int, float]] = {}
+        self._boundaries: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
         self.extended: dict[tuple[int, int, int, bool], SPChain] = {}  # see fork_join.extended_chain
         self.merge_costs: dict[tuple[int, int, int, int, int], StageCost] = {}  # see fork_join._merge_devices
 
@@ -157,10 +158,33 @@ class ParInfo:
         """(ops, param bytes, messages, bytes per sample) of the branches in `mask` as one stage."""
         hit = self._groups.get(mask)
         if hit is None:
-            ops = tuple(op for pos, info in enumerate(self.branch_infos) if mask >> pos & 1 for op in info.chain.ops)
-            params = sum(self.model.param_bytes[op] for op in ops)
-            messages, num_bytes = self.model.boundary(ops)
-            hit = self._groups[mask] = (ops, params, messages, num_bytes)
+            top = 1 << (mask.bit_length() - 1)
+            if mask == top:
+                ops = self.branch_infos[mask.bit_length() - 1].chain.ops
+                params = sum(self.model.param_bytes[op] for op in ops)
+            else:  # the lower branches, then the top one: branch order, as one pass over them would give
+                (rest_ops, rest_params, *_), (top_ops, top_params, *_) = self.group(mask ^ top), self.group(top)
+                ops, params = rest_ops + top_ops, rest_params + top_params
+            recv, send = self._sides(mask)
+            num_bytes = sum(self.model.out_bytes_per_sample[op] for op in recv | send)
+            hit = self._groups[mask] = (ops, params, len(recv) + len(send), num_bytes)
+        return hit
+
+    def _sides(self, mask: int) -> tuple[frozenset[str], frozenset[str]]:
+        """(received, sent) tensors of the branches in `mask` as one stage: the unions of the branches' own,
+        as no edge joins two branches of a block (as `CostModel.boundary`, grown a branch at a time)."""
+        hit = self._boundaries.get(mask)
+        if hit is None:
+            top = 1 << (mask.bit_length() - 1)
+            if mask == top:
+                model = self.model
+                inside = set(self.branch_infos[mask.bit_length() - 1].chain.ops)
+                hit = (frozenset(p for op in inside for p in model.preds[op] if p not in inside),
+                       frozenset(op for op in inside if any(s not in inside for s in model.succs[op])))
+            else:
+                (recv, send), (top_recv, top_send) = self._sides(mask ^ top), self._sides(top)
+                hit = (recv | top_recv, send | top_send)
+            self._boundaries[mask] = hit
         return hit
 
     def groups_of(self, mask: int) -> Iterator[int]:

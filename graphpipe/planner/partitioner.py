@@ -193,17 +193,18 @@ class Search:
         stably, by start (a radix sort): the order among a start's offers of equal TPS is free, as
         `Probe._segment_keys` keeps the same cell whatever the order."""
         _, tps, k_max, fits = self._table(info)
-        until = self._dominated_above(tps, k_max, fits)
         mask = tps <= bound
         mask &= fits
-        mask &= tps < until
-        mask &= until > dominance_cap(low)
         flat = np.flatnonzero(mask)
         values = tps.ravel()[flat]
+        until = self._dominated_above(flat, tps, k_max, fits)
+        keep = values < until
+        keep &= until > dominance_cap(low)
+        flat, values, until = flat[keep], values[keep], until[keep]
         side = info.num_items + 1
         order = np.argsort(values)
         order = order[np.argsort((flat // side % side)[order].astype(np.min_scalar_type(side)), kind="stable")]
-        flat, values = flat[order], values[order]
+        flat, values, until = flat[order], values[order], until[order]
         pos, rest = np.divmod(flat, side * side)
         start, stop = np.divmod(rest, side)
         degrees = np.array(self.degrees)[pos]
@@ -212,19 +213,27 @@ class Search:
         offsets = np.searchsorted(start, np.arange(info.num_items + 2))
         return SegmentOffers(low=low, bound=bound, tps=values.tolist(), rooms=(self.num_devices - degrees).tolist(),
                              stops=stop.tolist(), k_maxes=k_max.ravel()[flat].tolist(),
-                             until=until.ravel()[flat].tolist(), keys=(degrees * (unit + span) + stop).tolist(),
+                             until=until.tolist(), keys=(degrees * (unit + span) + stop).tolist(),
                              offsets=offsets.tolist(), span=span, unit=unit)
 
     @staticmethod
-    def _dominated_above(tps: np.ndarray, k_max: np.ndarray, fits: np.ndarray) -> np.ndarray:
-        """Per segment and degree, the smallest TPS of a smaller degree of the same segment that holds at
-        least as many micro-batches in flight (inf if none): from that target on, the smaller degree
-        makes every offer of this one at fewer devices, so this one can never win a cell."""
-        until = np.full(tps.shape, math.inf)
-        for larger in range(1, len(tps)):
-            for smaller in range(larger):
-                covers = fits[smaller] & (k_max[smaller] >= k_max[larger])
-                np.minimum(until[larger], np.where(covers, tps[smaller], math.inf), out=until[larger])
+    def _dominated_above(flat: np.ndarray, tps: np.ndarray, k_max: np.ndarray, fits: np.ndarray) -> np.ndarray:
+        """Per offer (flat index into the degree x segment arrays), the smallest TPS of a smaller degree of the
+        same segment that holds at least as many micro-batches in flight (inf if none): from that target on,
+        the smaller degree makes every offer of this one at fewer devices, so this one can never win a cell.
+        Read only at the offers within the bound, the few cells a tight target leaves of the whole table."""
+        plane = tps[0].size
+        pos, cell = np.divmod(flat, plane)
+        own_k = k_max.ravel()[flat]
+        until = np.full(len(flat), math.inf)
+        shape = (len(tps), plane)
+        tps2, k_max2, fits2 = tps.reshape(shape), k_max.reshape(shape), fits.reshape(shape)
+        for smaller in range(len(tps) - 1):
+            first = int(np.searchsorted(pos, smaller, side="right"))  # flat indices ascend, so degrees do
+            cells, mine = cell[first:], until[first:]
+            covers = fits2[smaller].take(cells)
+            covers &= k_max2[smaller].take(cells) >= own_k[first:]
+            np.minimum(mine, np.where(covers, tps2[smaller].take(cells), math.inf), out=mine)
         return until
 
     def _table(self, info: ChainInfo) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

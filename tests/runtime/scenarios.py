@@ -70,8 +70,9 @@ def _zoo_batches(name: str, batch: int) -> Callable[[int], list[tuple[Any, Any]]
     return make
 
 
-def _planned(name: str, planner: str, num_devices: int, batch: int) -> Callable[[nn.Module], Plan]:
-    """A plan from graphpipe's own planner (analytic cpu costs, local-cpu cluster)."""
+def _planned(name: str, planner: str, num_devices: int, batch: int, cluster_name: str = "local-cpu",
+             device: str | None = None) -> Callable[[nn.Module], Plan]:
+    """A plan from graphpipe's own planner (analytic costs of the cluster's device unless `device` is given)."""
 
     def make(model: nn.Module) -> Plan:
         from graphpipe.cost.analytic import analytic_costs
@@ -81,8 +82,8 @@ def _planned(name: str, planner: str, num_devices: int, batch: int) -> Callable[
 
         zoo = _zoo(name, batch)
         graph = capture(zoo.model, zoo.inputs)
-        cluster = Cluster.preset("local-cpu", num_devices)
-        return plan(graph, analytic_costs(graph, cluster.device), cluster, batch, planner=planner)
+        cluster = Cluster.preset(cluster_name, num_devices)
+        return plan(graph, analytic_costs(graph, device or cluster.device), cluster, batch, planner=planner)
 
     return make
 
@@ -106,6 +107,8 @@ ZOO_SCENARIOS: tuple[Scenario, ...] = (
         [(0,), (1,), (2,), (3,)], micro_batch_size=2, global_batch_size=8), 8),
     _zoo_scenario("mmt", "mmt_planned4", _planned("mmt", "graphpipe", 4, 8), 8),
     _zoo_scenario("transformer", "transformer_seq4", _planned("transformer", "sequential", 4, 8), 8),
+    # three stages; the interaction index (a buffer read) rides with its reader in the last one
+    _zoo_scenario("dlrm", "dlrm_planned3", _planned("dlrm", "graphpipe", 3, 8, "summit", "v100-16gb"), 8),
 )
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (

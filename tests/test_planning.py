@@ -85,3 +85,31 @@ def test_parallel_only_takes_the_micro_batch_of_the_sequential_plan_gp_plan_pick
     assert {s.micro_batch_size for s in ablation.stages} == {4}
     ablation_tps = plan(graph, costs, cluster, 8, planner="parallel-only", rank_by="tps")
     assert {s.micro_batch_size for s in ablation_tps.stages} == {8}
+
+
+@pytest.mark.parametrize(("planner", "num_devices", "batch"), [("graphpipe", 4, 16), ("sequential", 4, 16),
+                                                               ("graphpipe", 8, 32)])
+def test_ranking_skips_candidates_by_bound_and_picks_what_simulating_all_of_them_picks(
+        planner: str, num_devices: int, batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from graphpipe.planner.api import plan_candidates
+    from graphpipe.simulation import simulator
+
+    graph = branches_graph(3, 4)
+    costs = make_costs(graph, overhead_ms=0.3)
+    cluster = make_cluster(num_devices)
+    candidates = plan_candidates(graph, costs, cluster, batch, planner=planner, every_size=True)
+    everything = sorted(((simulator.simulate(c, costs, cluster, schedule=c.schedule).iteration_time_s,
+                          c.predicted_tps_ms, idx) for idx, c in enumerate(candidates)))
+    simulated: list[Plan] = []
+    real = simulator.simulate
+
+    def counting(candidate: Plan, *args: object, **kwargs: object) -> object:
+        simulated.append(candidate)
+        return real(candidate, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(simulator, "simulate", counting)
+    best = plan(graph, costs, cluster, batch, planner=planner)
+    winner = candidates[everything[0][2]]
+    assert [s.ops for s in best.stages] == [s.ops for s in winner.stages]
+    assert best.predicted_iteration_s == pytest.approx(everything[0][0])
+    assert 0 < len(simulated) < len(candidates)  # the bound skipped some

@@ -213,3 +213,34 @@ def test_random_stage_dags_schedule_without_deadlock(plan: Plan, kind: str) -> N
     result = simulate(plan, make_costs(plan), schedule=schedule)
     for stage in plan.stages:
         assert result.peak_in_flight_samples[stage.idx] == _rule_peak(plan, stage.idx, kind)
+
+
+@pytest.mark.parametrize("kind", ["1f1b", "gpipe", "kfkb"])
+@pytest.mark.parametrize("case", ["chain", "diamond", "fan", "data_parallel", "per_stage_sizes", "shared_cores"])
+def test_iteration_lower_bound_is_never_above_the_simulated_iteration(kind: str, case: str) -> None:
+    """The bound that lets `gp.plan` skip candidates: at most the simulated time, and tight on a balanced chain
+    with one micro-batch (nothing but the stage's own work)."""
+    from graphpipe.cost.cluster import Cluster
+    from graphpipe.simulation.simulator import iteration_lower_bound_s
+
+    cluster = None
+    if case == "chain":
+        plan = chain(4, 2, 16, bytes_per_sample=4096.0)
+    elif case == "diamond":
+        plan = diamond(2, 8, bytes_per_sample=1e6)
+    elif case == "fan":
+        plan = fan(3, 2, 4, 32, bytes_per_sample=1e5)
+    elif case == "data_parallel":
+        plan = make_plan([(0, 1), (1, 2)], [4, 4, 4], 16, ranks_per_stage=[1, 2, 1], bytes_per_sample=1e5)
+    elif case == "per_stage_sizes":
+        plan = make_plan([(0, 1), (1, 2)], [2, 4, 8], 16, ranks_per_stage=[1, 2, 1])
+    else:
+        cluster = Cluster.preset("local-cpu", 4)
+        plan = chain(4, 2, 8, cluster=cluster)
+    costs = make_costs(plan, [1.0 + 0.5 * s.idx for s in plan.stages], 2.0, param_bytes=2**20)
+    simulated = simulate(plan, costs, cluster, schedule=kind).iteration_time_s
+    assert 0 < iteration_lower_bound_s(plan, costs, cluster) <= simulated * (1 + 1e-12)
+    single = chain(1, 4, 4)
+    single_costs = make_costs(single, param_bytes=2**20)
+    alone = simulate(single, single_costs).iteration_time_s
+    assert iteration_lower_bound_s(single, single_costs) == pytest.approx(alone)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,23 @@ def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+_GIB_PER_UNIT = {"": 1.0, "g": 1.0, "gib": 1.0, "gb": 1e9 / 2**30, "m": 2**-10, "mib": 2**-10, "mb": 1e6 / 2**30,
+                 "t": 2**10, "tib": 2**10, "tb": 1e12 / 2**30}
+
+
+def memory_gib(text: str) -> float:
+    """A memory size in GiB: a plain number is GiB; with a unit, 512MiB, 0.38GiB, 16GB (G and M are binary)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _GIB_PER_UNIT:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a memory size: give GiB (0.5) or a number with a unit "
+                                         "(512MiB, 0.5GiB, 16GB)")
+    value = float(match.group(1)) * _GIB_PER_UNIT[unit]
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"the memory size must be above 0, got {text!r}")
     return value
 
 

@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-from graphpipe.cli.common import add_model_args, capture_from_args, format_bytes, positive_int, print_json
+from graphpipe.cli.common import add_model_args, capture_from_args, format_bytes, memory_gib, positive_int, print_json
 from graphpipe.planner.api import PLANNER_NAMES
 from graphpipe.planner.stage_graph import Plan
 
@@ -24,7 +24,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--planner", choices=PLANNER_NAMES, default="graphpipe", help="default graphpipe")
     parser.add_argument("--micro-batch-sizes", default=None, metavar="1,2,4",
                         help="micro-batch sizes to try (default: powers of two dividing the mini-batch)")
-    parser.add_argument("--memory-limit-gib", type=float, default=None, help="per-device memory (default: device's)")
+    parser.add_argument("--memory-limit", "--memory-limit-gib", dest="memory_limit_gib", type=memory_gib, default=None,
+                        metavar="SIZE", help="per-device memory: GiB, or with a unit (512MiB, 0.38GiB); "
+                                             "default: the device's")
     parser.add_argument("--rank-by", choices=("simulation", "tps"), default="simulation",
                         help="pick among the best plan per micro-batch size by simulated iteration time or TPS")
     parser.add_argument("--costs", default=None, metavar="COSTS.json", help="cost table (default: analytic)")
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     costs = CostTable.load(args.costs) if args.costs else analytic_costs(graph, args.device)
     cluster = Cluster.preset(args.cluster, args.devices)
     sizes = parse_sizes(args.micro_batch_sizes)
-    limit = args.memory_limit_gib * 2**30 if args.memory_limit_gib else None
+    limit = args.memory_limit_gib * 2**30 if args.memory_limit_gib is not None else None
     global_batch = args.global_batch or args.batch or 128
     result = plan(graph, costs, cluster, global_batch, planner=args.planner, micro_batch_sizes=sizes,
                   memory_limit=limit, rank_by=args.rank_by)

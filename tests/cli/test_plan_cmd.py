@@ -35,3 +35,30 @@ def test_bad_micro_batch_sizes_is_a_clear_error(capsys: pytest.CaptureFixture[st
     code = main(["plan", "--model", "toy_chain", "--preset", "tiny", "--cluster", "local-cpu", "--devices", "2",
                  "--batch", "8", "--micro-batch-sizes", "3,5"])
     assert code == 1 and "divides the mini-batch of 8" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("text", "gib"), [("0.5", 0.5), ("512MiB", 0.5), ("0.38GiB", 0.38), ("2g", 2.0),
+                                           ("16GB", 16e9 / 2**30), (" 1 TiB ", 1024.0)])
+def test_memory_sizes_take_units(text: str, gib: float) -> None:
+    from graphpipe.cli.common import memory_gib
+
+    assert memory_gib(text) == pytest.approx(gib)
+
+
+@pytest.mark.parametrize("text", ["lots", "0", "-1GiB", "1.5 parsecs", ""])
+def test_a_memory_size_that_is_not_one_is_a_usage_error(text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "--model", "toy_chain", "--preset", "tiny", "--cluster", "local-cpu", "--devices", "2",
+              "--memory-limit", text])
+    assert exit_info.value.code == 2 and "--memory-limit" in capsys.readouterr().err
+
+
+def test_memory_limit_with_a_unit_is_the_same_limit_in_gib(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["plan", "--model", "toy_branches", "--preset", "tiny", "--cluster", "local-cpu", "--devices", "4",
+            "--batch", "8", "--rank-by", "tps", "--json"]
+    plans = []
+    for limit in (["--memory-limit", "1MiB"], ["--memory-limit-gib", str(2**-10)]):
+        assert run_command(plan_cmd, [*base, *limit]) == 0
+        plans.append(json.loads(capsys.readouterr().out))
+    assert plans[0]["stages"] == plans[1]["stages"]
+    assert all(stage["memory_bytes"] <= 2**20 for stage in plans[0]["stages"])

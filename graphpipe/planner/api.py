@@ -7,6 +7,7 @@ infeasible requests with numbers.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -108,14 +109,25 @@ def _infeasible_message(request: PlanRequest) -> str:
     limit = request.memory_limit
     heaviest = max(request.graph.names, key=lambda op: model.param_bytes[op])
     op_static = static_memory_bytes(model.param_bytes[heaviest])
-    total_static = static_memory_bytes(sum(model.param_bytes.values()))
-    smallest = min(request.micro_batch_sizes)
-    acts = sum(model.op_at(op, smallest)[2] for op in request.graph.names)
     if op_static > limit:
         return (f"op {heaviest!r} alone needs {op_static / gib:.2f} GiB for weights, gradients and Adam state "
                 f"(4 x {model.param_bytes[heaviest] / gib:.2f} GiB) but a device has {limit / gib:.2f} GiB: "
                 "use devices with more memory or split the op")
-    return (f"no plan fits: the model needs {total_static / gib:.2f} GiB for weights, gradients and Adam state "
-            f"plus {acts / gib:.2f} GiB of activations per micro-batch of {smallest}, on {request.num_devices} "
-            f"devices of {limit / gib:.2f} GiB each: use fewer samples per micro-batch "
-            "(--micro-batch-sizes), a smaller mini-batch, or more devices")
+    total_static = static_memory_bytes(sum(model.param_bytes.values()))
+    smallest = min(request.micro_batch_sizes)
+    acts = sum(model.op_at(op, smallest)[2] for op in request.graph.names)
+    needed, devices = total_static + acts, request.num_devices
+    head = (f"no plan fits: the model needs {total_static / gib:.2f} GiB for weights, gradients and Adam state "
+            f"plus {acts / gib:.2f} GiB of activations per micro-batch of {smallest}")
+    if needed > devices * limit:  # not even the total fits: say how many devices, or how much memory, it takes
+        fixes = [f"at least {math.ceil(needed / limit)} devices of {limit / gib:.2f} GiB",
+                 f"devices of at least {math.ceil(needed / devices / gib * 100) / 100:.2f} GiB"]  # rounded up
+        if smallest > 1:
+            fixes.append("fewer samples per micro-batch (--micro-batch-sizes)")
+        return f"{head}, more than {devices} devices of {limit / gib:.2f} GiB hold together: use {', or '.join(fixes)}"
+    fixes = ["more devices", "devices with more memory"]
+    if smallest > 1:
+        fixes.append("fewer samples per micro-batch (--micro-batch-sizes)")
+    return (f"{head}, which {devices} devices of {limit / gib:.2f} GiB hold together, but no split into stages "
+            "fits every device (each keeps the weights of its stage and the activations of the micro-batches it "
+            f"has in flight): use {', or '.join(fixes)}")

@@ -56,3 +56,19 @@ def test_model_that_cannot_fit_says_how_much_is_needed() -> None:
         plan_candidates(graph, costs, make_cluster(2), 4, memory_limit=8 * GiB)
     with pytest.raises(PlanningError, match=r"op 'l0' alone needs 4.00 GiB"):
         plan_candidates(graph, costs, make_cluster(2), 4, memory_limit=2 * GiB)
+
+
+def test_a_model_too_big_for_all_devices_together_says_how_many_it_takes() -> None:
+    graph = chain_graph(4)
+    costs = make_costs(graph, param_bytes=1 << 30)  # 4 x 4 GiB of weights, gradients and Adam state, and a few bytes
+    with pytest.raises(PlanningError, match=r"more than 2 devices of 6.00 GiB hold together: use at least 3 devices "
+                                            r"of 6.00 GiB, or devices of at least 8.01 GiB") as err:
+        plan_candidates(graph, costs, make_cluster(2), 4, memory_limit=6 * GiB, micro_batch_sizes=[1])
+    assert "micro-batch-sizes" not in str(err.value)  # one sample per micro-batch is already the least
+
+
+def test_a_model_that_fits_in_total_but_not_in_stages_says_so() -> None:
+    graph = chain_graph(3)
+    costs = make_costs(graph, param_bytes=1 << 30)  # three ops of 4 GiB on 2 devices of 7 GiB: one holds 8 GiB
+    with pytest.raises(PlanningError, match=r"which 2 devices of 7.00 GiB hold together, but no split into stages"):
+        plan_candidates(graph, costs, make_cluster(2), 4, memory_limit=7 * GiB, micro_batch_sizes=[1])

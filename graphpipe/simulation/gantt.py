@@ -1,8 +1,9 @@
 """A Gantt chart of a simulated iteration: one row per rank, forwards and backwards in two colours.
 
-White space is idle time (the bubbles); the title carries the iteration time, the
-throughput and the bubble. Micro-batch numbers are written on the boxes wide enough to
-hold them.
+White space is idle time (the bubbles); light grey is a rank that is ready to compute but
+waits for a CPU core (clusters whose ranks share fewer cores than they are, such as
+`local-cpu`). The title carries the iteration time, the throughput and the bubble.
+Micro-batch numbers are written on the compute boxes wide enough to hold them.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import os
 
 from graphpipe.simulation.result import Event, SimResult
 
-COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "all_reduce": "#55A868", "step": "#8C8C8C"}
-LABELS = {"forward": "forward", "backward": "backward", "all_reduce": "all-reduce", "step": "optimizer step"}
+COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "all_reduce": "#55A868", "step": "#8C8C8C",
+           "core_wait": "#E2E2E2"}
+LABELS = {"forward": "forward", "backward": "backward", "all_reduce": "all-reduce", "step": "optimizer step",
+          "core_wait": "waiting for a CPU core"}
 
 
 def render_gantt(result: SimResult, path: str | os.PathLike[str], *, title: str = "",
@@ -60,7 +63,7 @@ def render_gantt(result: SimResult, path: str | os.PathLike[str], *, title: str 
 
 
 def _rows(result: SimResult) -> list[tuple[int, int, list[Event]]]:
-    """(rank, stage, its compute events) for every rank, in rank order."""
+    """(rank, stage, its compute events and core waits) for every rank, in rank order."""
     by_rank: dict[int, tuple[int, list[Event]]] = {}
     for event in result.timeline.events:
         if event.kind not in COLOURS:
@@ -72,7 +75,7 @@ def _rows(result: SimResult) -> list[tuple[int, int, list[Event]]]:
 
 def _label(ax: object, event: Event, y: int, end_ms: float, fig_w: float) -> None:
     """Write the micro-batch number on a box if it is at least ~2 characters wide."""
-    if event.micro_batch < 0:
+    if event.micro_batch < 0 or event.kind == "core_wait":
         return
     text = str(event.micro_batch)
     box_in = event.duration_ms / end_ms * fig_w * 0.85

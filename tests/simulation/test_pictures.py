@@ -87,3 +87,18 @@ def test_op_kinds_come_from_the_graph_modules_first(tmp_path: Path) -> None:
     assert _op_kinds(stage, None) == ""
     plan = Plan(graph_name="mlp", stages=(stage,), edges=(), global_batch_size=2, num_devices=1, planner="t")
     assert Path(render_stage_graph(plan, tmp_path / "one.png", graph=graph)).stat().st_size > 5_000
+
+
+def test_gantt_draws_core_waits(tmp_path: Path) -> None:
+    """Two stages on one shared core: the waits are drawn (light grey, in the legend), not left as white gaps."""
+    import dataclasses
+
+    from graphpipe.simulation.gantt import _rows
+    from tests.simulation.factories import make_cluster
+
+    cluster = dataclasses.replace(make_cluster(2, devices_per_node=2), cores_per_node=1)
+    plan = make_plan([], [1, 1], 4, cluster=cluster)
+    result = simulate(plan, make_costs(plan), cluster)
+    waits = [e for _, _, events in _rows(result) for e in events if e.kind == "core_wait"]
+    assert waits and all(e.duration_ms > 0 for e in waits)
+    assert Path(render_gantt(result, tmp_path / "shared.png")).read_bytes().startswith(PNG_MAGIC)

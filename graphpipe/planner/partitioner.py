@@ -19,7 +19,7 @@ in v; combining two parts is adding their vectors, so device splits d = d1 + d2 
   L items (segment costs are prefix sums, tabulated per micro-batch size for all segments
   and degrees at once; a probe reads only the segments that fit in memory with TPS within T,
   kept sorted by TPS per start, less the degrees a smaller degree of the same segment
-  dominates at T: see `Search.offers`).
+  dominates at T: see `graphpipe.planner.size_tables`).
 - Parallel block: its branches are grouped; a group is one branch solved as a chain, or
   several whole branches merged into one stage. The fork's stage takes the larger of the
   branches' in-flight requirements (the max over entries). With up to 4 branches every
@@ -53,16 +53,10 @@ import numpy as np
 
 from graphpipe.graph.sp import SPChain, SPParallel
 from graphpipe.planner.chain_info import ChainInfo
-from graphpipe.planner.memory import OPTIMIZER_STATE_FACTOR, max_in_flight_micro_batches
-from graphpipe.planner.probe import (
-    MAX_ENUMERATED_BRANCHES,
-    ParInfo,
-    Probe,
-    SegmentOffers,
-    divisors_up_to,
-    dominance_cap,
-)
-from graphpipe.planner.stage_cost import CostModel, all_reduce_link, p2p_ms
+from graphpipe.planner.memory import OPTIMIZER_STATE_FACTOR
+from graphpipe.planner.probe import MAX_ENUMERATED_BRANCHES, ParInfo, Probe, SegmentOffers, divisors_up_to
+from graphpipe.planner.size_tables import ChainConstants, SizeTables
+from graphpipe.planner.stage_cost import CostModel
 from graphpipe.planner.stage_spec import StageSpec
 
 __all__ = ["MAX_ENUMERATED_BRANCHES", "TOLERANCE", "Search", "divisors_up_to", "partition_sp"]
@@ -97,81 +91,19 @@ def _running_sum(values: np.ndarray) -> float:
     return float(np.add.accumulate(np.concatenate(([0.0], values)))[-1])
 
 
-class ChainConstants:
-    """The arrays of a chain's segment tables that no micro-batch size changes (`Search._segment_arrays`),
-    built once and shared by the searches of all sizes of one `partition_sp` call (same model and memory
-    limit): each is an elementwise step of the tables' formulas, cut out as is, so the tables are the
-    same numbers."""
-
-    def __init__(self, search: Search, info: ChainInfo) -> None:
-        link = search.model.link
-        messages, _ = info.boundary_matrix()
-        self.params = info.param_array[None, :] - info.param_array[:, None]  # weights of [i, j)
-        self.later = np.triu(np.ones(self.params.shape, dtype=bool), 1)  # j > i
-        self.latency = messages * link.latency_us / 1e3
-        self.silent = ~(messages > 0)
-        self.spare = search.memory_limit - OPTIMIZER_STATE_FACTOR * self.params
-        self.no_room = self.spare < 0
-        self._model = search.model
-        self._all_reduce: dict[int, np.ndarray | float] = {}
-
-    def all_reduce(self, d1: int) -> np.ndarray | float:
-        """Ring all-reduce time of each segment's weights on d1 devices, per sample of the global batch."""
-        hit = self._all_reduce.get(d1)
-        if hit is None:
-            hit = 0.0
-            if d1 > 1:
-                link = all_reduce_link(self._model.cluster, d1)
-                steps = 2 * (d1 - 1)
-                hit = np.where(self.params > 0, steps / d1 * self.params / (link.bandwidth_gb_per_s * 1e9) * 1e3
-                               + steps * link.latency_us / 1e3, 0.0)
-            hit = self._all_reduce[d1] = hit / self._model.global_batch_size
-        return hit
-
-
-class Search:
-    """Binary search on the TPS target for one micro-batch size (tables shared across probes)."""
+class Search(SizeTables):
+    """Binary search on the TPS target for one micro-batch size, over that size's tables (shared by its probes)."""
 
     def __init__(self, model: CostModel, tree: SPChain, num_devices: int, micro_batch_size: int,
                  memory_limit: float, infos: dict[int, ChainInfo], pars: dict[int, ParInfo],
                  constants: dict[int, ChainConstants] | None = None) -> None:
-        self.model = model
+        super().__init__(model, num_devices, micro_batch_size, memory_limit, infos, pars, constants)
         self.tree = tree
-        self.num_devices = num_devices
-        self.micro_batch_size = micro_batch_size
-        self.memory_limit = memory_limit
-        self.global_batch_size = model.global_batch_size
-        self.num_micro_batches = model.global_batch_size // micro_batch_size  # no stage holds more
-        self.degrees = divisors_up_to(micro_batch_size, num_devices)
-        self.max_v = num_devices + 1
-        self.infos = infos
-        self.pars = pars
-        self.constants = {} if constants is None else constants  # shared by the sizes of one model and memory limit
-        self._segments: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._rows: dict[tuple[int, int, int], tuple[list[float], list[float], list[int]]] = {}
         self._offers: dict[int, SegmentOffers] = {}
-        self._groups: dict[tuple[int, int], list[tuple[int, float, int]]] = {}
-        self._totals: dict[tuple[int, int], list[tuple[float, float]]] = {}
         self.best: list[StageSpec] = []
         self.lo = self.hi = 0.0
         self.window_top = 0.0  # the largest target the search expects to probe (`offers` builds up to it)
         self._lower_bound: float | None = None
-
-    def segment_rows(self, info: ChainInfo, start: int, d1: int,
-                     target_ms: float) -> tuple[list[float], list[float], list[int]]:
-        """(compute per sample, TPS, most micro-batches in flight) of segments [start, start + 1 + idx) on d1
-        devices, by growing idx, while the weights and one micro-batch fit (so at least as far as the compute
-        stays within `target_ms`). Compute never decreases along a row, so the segments within a target are
-        the prefix `bisect_right(compute, target)`. Cut from `_table`'s arrays into plain lists once."""
-        key = (id(info), d1, start)
-        row = self._rows.get(key)
-        if row is None:
-            compute, tps, k_max, fits = self._table(info)
-            pos = self.degrees.index(d1)
-            stop = start + 1 + int(np.count_nonzero(fits[pos, start]))
-            cut = (pos, start, slice(start + 1, stop))
-            row = self._rows[key] = (compute[cut].tolist(), tps[cut].tolist(), k_max[cut].tolist())
-        return row
 
     def offers(self, info: ChainInfo, target_ms: float) -> SegmentOffers:
         """The chain's (segment, degree) offers that `Probe._segment_keys` may need at `target_ms`.
@@ -184,149 +116,6 @@ class Search:
             top = max(target_ms, self.hi, self.window_top)
             low, bound = (self.lo, top) if 0 < self.lo <= target_ms else (target_ms, target_ms)
             hit = self._offers[id(info)] = self._build_offers(info, low, bound)
-        return hit
-
-    def _build_offers(self, info: ChainInfo, low: float, bound: float) -> SegmentOffers:
-        """Offers within `bound` (TPS >= compute, so the compute is within too) and not dominated at `low`.
-
-        Read through flat indices (one `take` per array, no 3-D fancy indexing), ordered by TPS and then,
-        stably, by start (a radix sort): the order among a start's offers of equal TPS is free, as
-        `Probe._segment_keys` keeps the same cell whatever the order."""
-        _, tps, k_max, fits = self._table(info)
-        mask = tps <= bound
-        mask &= fits
-        flat = np.flatnonzero(mask)
-        values = tps.ravel()[flat]
-        until = self._dominated_above(flat, tps, k_max, fits)
-        keep = values < until
-        keep &= until > dominance_cap(low)
-        flat, values, until = flat[keep], values[keep], until[keep]
-        side = info.num_items + 1
-        order = np.argsort(values)
-        order = order[np.argsort((flat // side % side)[order].astype(np.min_scalar_type(side)), kind="stable")]
-        flat, values, until = flat[order], values[order], until[order]
-        pos, rest = np.divmod(flat, side * side)
-        start, stop = np.divmod(rest, side)
-        degrees = np.array(self.degrees)[pos]
-        span = info.num_items + 2  # > any stop
-        unit = (self.num_devices + 1) * span  # > any d1 * span + stop
-        offsets = np.searchsorted(start, np.arange(info.num_items + 2))
-        return SegmentOffers(low=low, bound=bound, tps=values.tolist(), rooms=(self.num_devices - degrees).tolist(),
-                             stops=stop.tolist(), k_maxes=k_max.ravel()[flat].tolist(),
-                             until=until.tolist(), keys=(degrees * (unit + span) + stop).tolist(),
-                             offsets=offsets.tolist(), span=span, unit=unit)
-
-    @staticmethod
-    def _dominated_above(flat: np.ndarray, tps: np.ndarray, k_max: np.ndarray, fits: np.ndarray) -> np.ndarray:
-        """Per offer (flat index into the degree x segment arrays), the smallest TPS of a smaller degree of the
-        same segment that holds at least as many micro-batches in flight (inf if none): from that target on,
-        the smaller degree makes every offer of this one at fewer devices, so this one can never win a cell.
-        Read only at the offers within the bound, the few cells a tight target leaves of the whole table."""
-        plane = tps[0].size
-        pos, cell = np.divmod(flat, plane)
-        own_k = k_max.ravel()[flat]
-        until = np.full(len(flat), math.inf)
-        shape = (len(tps), plane)
-        tps2, k_max2, fits2 = tps.reshape(shape), k_max.reshape(shape), fits.reshape(shape)
-        for smaller in range(len(tps) - 1):
-            first = int(np.searchsorted(pos, smaller, side="right"))  # flat indices ascend, so degrees do
-            cells, mine = cell[first:], until[first:]
-            covers = fits2[smaller].take(cells)
-            covers &= k_max2[smaller].take(cells) >= own_k[first:]
-            np.minimum(mine, np.where(covers, tps2[smaller].take(cells), math.inf), out=mine)
-        return until
-
-    def _table(self, info: ChainInfo) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        table = self._segments.get(id(info))
-        if table is None:
-            table = self._segments[id(info)] = self._segment_arrays(info)
-        return table
-
-    def _segment_arrays(self, info: ChainInfo) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(compute per sample, TPS, most in flight, fits) of segments [i, j) as degree x (L + 1) x (L + 1) arrays.
-
-        `fits[d, i, j]`: j > i and every [i, j') with i < j' <= j holds its weights and one micro-batch.
-        Computed in place where it can: the arrays of a long chain are large."""
-        b = self.micro_batch_size
-        fixed = self.constants.get(id(info))
-        if fixed is None:
-            fixed = self.constants[id(info)] = ChainConstants(self, info)
-        prefixes = [info.prefix_arrays(b / d1) for d1 in self.degrees]
-        times = np.stack([times for times, _ in prefixes])[:, None, :]
-        acts = np.stack([acts for _, acts in prefixes])[:, None, :]
-        compute = times - times.transpose(0, 2, 1)
-        compute /= b
-        tps = self._segment_tps(info, compute, fixed)
-        k_max = self._segment_k_max(acts - acts.transpose(0, 2, 1), fixed)
-        fits = np.logical_or.accumulate((k_max < 1) & fixed.later, axis=2)
-        np.logical_not(fits, out=fits)
-        fits &= fixed.later
-        return compute, tps, k_max, fits
-
-    def _segment_tps(self, info: ChainInfo, compute: np.ndarray, fixed: ChainConstants) -> np.ndarray:
-        """compute + p2p time / b + all-reduce time / global batch, per degree and segment."""
-        b, link = self.micro_batch_size, self.model.link
-        _, num_bytes = info.boundary_matrix()
-        per_device = np.array([b / d1 for d1 in self.degrees])[:, None, None]
-        tps = num_bytes * per_device
-        tps /= link.bandwidth_gb_per_s * 1e9
-        tps *= 1e3
-        tps += fixed.latency
-        tps *= 2
-        np.copyto(tps, 0.0, where=fixed.silent)
-        tps /= b
-        tps += compute
-        for pos, d1 in enumerate(self.degrees):
-            tps[pos] += fixed.all_reduce(d1)
-        return tps
-
-    def _segment_k_max(self, act: np.ndarray, fixed: ChainConstants) -> np.ndarray:
-        """Most micro-batches in flight per degree and segment (as `max_in_flight_micro_batches`, with
-        UNBOUNDED capped at max_v); -1 where the weights alone do not fit. `act` is overwritten."""
-        k_max = act
-        with np.errstate(divide="ignore", invalid="ignore"):  # no activations: inf, or nan with no spare either
-            np.divide(fixed.spare, k_max, out=k_max)
-        np.floor(k_max, out=k_max)
-        whole = k_max >= self.num_micro_batches  # holding the whole mini-batch is no limit
-        max_v = float(self.max_v)
-        np.fmin(k_max, max_v, out=k_max)  # fmin takes max_v over nan
-        np.copyto(k_max, max_v, where=whole)
-        np.copyto(k_max, -1.0, where=fixed.no_room)
-        return k_max.astype(np.int64)
-
-    def group_options(self, pinfo: ParInfo, group: int) -> list[tuple[int, float, int]]:
-        """(devices, TPS, most micro-batches in flight) of merged branches, fewest devices first; cached."""
-        key = (id(pinfo), group)
-        hit = self._groups.get(key)
-        if hit is not None:
-            return hit
-        b, model = self.micro_batch_size, self.model
-        _, params, messages, num_bytes = pinfo.group(group)
-        out = []
-        if OPTIMIZER_STATE_FACTOR * params <= self.memory_limit:
-            for d1, (compute, act) in zip(self.degrees, self._group_totals(pinfo, group)):
-                tps = (compute + p2p_ms(model.link, messages, num_bytes * b / d1)) / b
-                tps += model.all_reduce_ms(params, d1) / self.global_batch_size
-                out.append((d1, tps, max_in_flight_micro_batches(params, act, self.memory_limit,
-                                                                    self.num_micro_batches)))
-        self._groups[key] = out
-        return out
-
-    def _group_totals(self, pinfo: ParInfo, mask: int) -> list[tuple[float, float]]:
-        """Per degree, (compute, activations) of the branches in `mask`: their prefix-sum totals added in branch
-        order, the lower branches' sum first (so a group reuses the one without its top branch)."""
-        key = (id(pinfo), mask)
-        hit = self._totals.get(key)
-        if hit is None:
-            top = 1 << (mask.bit_length() - 1)
-            if mask == top:
-                info, b = pinfo.branch_infos[mask.bit_length() - 1], self.micro_batch_size
-                totals = (info.prefix_at(b / d1) for d1 in self.degrees)
-                hit = [(0.0 + times[-1], 0.0 + acts[-1]) for times, acts in totals]
-            else:
-                lower, mine = self._group_totals(pinfo, mask ^ top), self._group_totals(pinfo, top)
-                hit = [(c + c_top, a + a_top) for (c, a), (c_top, a_top) in zip(lower, mine)]
-            self._totals[key] = hit
         return hit
 
     def probe(self, target_ms: float) -> list[StageSpec] | None:

@@ -52,7 +52,7 @@ class SegmentOffers:
     """Segments of one chain with a degree each (parallel lists), each start's in
     [offsets[start], offsets[start + 1]) ordered by TPS, for targets from `low` to `bound`: all with
     TPS <= `bound`. From a target of `until` on, a smaller degree of the same segment makes every
-    offer of this one at fewer devices (`Search._dominated_above`); offers dominated at `low` are
+    offer of this one at fewer devices (`SizeTables._dominated_above`); offers dominated at `low` are
     left out. What `Probe._segment_keys` derives from an offer's degree is stored instead of the degree:
     `rooms` (devices left beside it) and `keys` (its part d1 * (unit + span) + stop of the cell key,
     with the chain's `span` and `unit`)."""

@@ -25,20 +25,20 @@ from graphpipe.planner.stage_cost import CostModel, all_reduce_link, p2p_ms
 
 class ChainConstants:
     """The arrays of a chain's segment tables that no micro-batch size changes (`SizeTables._segment_arrays`),
-    built once and shared by the searches of all sizes of one `partition_sp` call (same model and memory
+    built once and shared by the tables of all sizes of one `partition_sp` call (same model and memory
     limit): each is an elementwise step of the tables' formulas, cut out as is, so the tables are the
     same numbers."""
 
-    def __init__(self, search: SizeTables, info: ChainInfo) -> None:
-        link = search.model.link
+    def __init__(self, tables: SizeTables, info: ChainInfo) -> None:
+        link = tables.model.link
         messages, _ = info.boundary_matrix()
         self.params = info.param_array[None, :] - info.param_array[:, None]  # weights of [i, j)
         self.later = np.triu(np.ones(self.params.shape, dtype=bool), 1)  # j > i
         self.latency = messages * link.latency_us / 1e3
         self.silent = ~(messages > 0)
-        self.spare = search.memory_limit - OPTIMIZER_STATE_FACTOR * self.params
+        self.spare = tables.memory_limit - OPTIMIZER_STATE_FACTOR * self.params
         self.no_room = self.spare < 0
-        self._model = search.model
+        self._model = tables.model
         self._all_reduce: dict[int, np.ndarray | float] = {}
 
     def all_reduce(self, d1: int) -> np.ndarray | float:

@@ -119,15 +119,12 @@ def _infeasible_message(request: PlanRequest) -> str:
     needed, devices = total_static + acts, request.num_devices
     head = (f"no plan fits: the model needs {total_static / gib:.2f} GiB for weights, gradients and Adam state "
             f"plus {acts / gib:.2f} GiB of activations per micro-batch of {smallest}")
+    smaller = ["fewer samples per micro-batch (--micro-batch-sizes)"] if smallest > 1 else []
     if needed > devices * limit:  # not even the total fits: say how many devices, or how much memory, it takes
         fixes = [f"at least {math.ceil(needed / limit)} devices of {limit / gib:.2f} GiB",
-                 f"devices of at least {math.ceil(needed / devices / gib * 100) / 100:.2f} GiB"]  # rounded up
-        if smallest > 1:
-            fixes.append("fewer samples per micro-batch (--micro-batch-sizes)")
+                 f"devices of at least {math.ceil(needed / devices / gib * 100) / 100:.2f} GiB", *smaller]  # up
         return f"{head}, more than {devices} devices of {limit / gib:.2f} GiB hold together: use {', or '.join(fixes)}"
-    fixes = ["more devices", "devices with more memory"]
-    if smallest > 1:
-        fixes.append("fewer samples per micro-batch (--micro-batch-sizes)")
+    fixes = ["more devices", "devices with more memory", *smaller]
     return (f"{head}, which {devices} devices of {limit / gib:.2f} GiB hold together, but no split into stages "
             "fits every device (each keeps the weights of its stage and the activations of the micro-batches it "
             f"has in flight): use {', or '.join(fixes)}")

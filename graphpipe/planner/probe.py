@@ -165,22 +165,18 @@ class ParInfo:
             else:  # the lower branches, then the top one: branch order, as one pass over them would give
                 (rest_ops, rest_params, *_), (top_ops, top_params, *_) = self.group(mask ^ top), self.group(top)
                 ops, params = rest_ops + top_ops, rest_params + top_params
-            recv, send = self._sides(mask)
-            num_bytes = sum(self.model.out_bytes_per_sample[op] for op in recv | send)
-            hit = self._groups[mask] = (ops, params, len(recv) + len(send), num_bytes)
+            messages, num_bytes = self.model.crossing(*self._sides(mask))
+            hit = self._groups[mask] = (ops, params, messages, num_bytes)
         return hit
 
     def _sides(self, mask: int) -> tuple[frozenset[str], frozenset[str]]:
         """(received, sent) tensors of the branches in `mask` as one stage: the unions of the branches' own,
-        as no edge joins two branches of a block (as `CostModel.boundary`, grown a branch at a time)."""
+        as no edge joins two branches of a block (`CostModel.boundary_sides`, grown a branch at a time)."""
         hit = self._boundaries.get(mask)
         if hit is None:
             top = 1 << (mask.bit_length() - 1)
             if mask == top:
-                model = self.model
-                inside = set(self.branch_infos[mask.bit_length() - 1].chain.ops)
-                hit = (frozenset(p for op in inside for p in model.preds[op] if p not in inside),
-                       frozenset(op for op in inside if any(s not in inside for s in model.succs[op])))
+                hit = self.model.boundary_sides(self.branch_infos[mask.bit_length() - 1].chain.ops)
             else:
                 (recv, send), (top_recv, top_send) = self._sides(mask ^ top), self._sides(top)
                 hit = (recv | top_recv, send | top_send)

@@ -102,11 +102,17 @@ class CostModel:
 
     def boundary(self, ops: Iterable[str]) -> tuple[int, float]:
         """(messages, bytes per sample) crossing the boundary of an op set, both directions."""
+        return self.crossing(*self.boundary_sides(ops))
+
+    def boundary_sides(self, ops: Iterable[str]) -> tuple[frozenset[str], frozenset[str]]:
+        """(received, sent) tensors of an op set: producers outside it read inside, and ops inside read outside."""
         inside = set(ops)
-        recv = {p for op in inside for p in self.preds[op] if p not in inside}
-        send = {op for op in inside if any(s not in inside for s in self.succs[op])}
-        num_bytes = sum(self.out_bytes_per_sample[op] for op in recv | send)
-        return len(recv) + len(send), num_bytes
+        return (frozenset(p for op in inside for p in self.preds[op] if p not in inside),
+                frozenset(op for op in inside if any(s not in inside for s in self.succs[op])))
+
+    def crossing(self, recv: frozenset[str], send: frozenset[str]) -> tuple[int, float]:
+        """(messages, bytes per sample) of the tensors received and sent."""
+        return len(recv) + len(send), sum(self.out_bytes_per_sample[op] for op in recv | send)
 
     def stage_cost(self, ops: Iterable[str], num_devices: int, micro_batch_size: int) -> StageCost:
         ops = tuple(ops)

@@ -64,8 +64,8 @@ def iteration_lower_bound_s(plan: Plan, costs: CostTable, cluster: Cluster | Non
     busiest = 0.0
     for stage in plan.stages:
         cost = per_stage[stage.idx]
-        busy = (plan.num_micro_batches(stage.idx) * (cost.fwd_ms + cost.bwd_ms)
-                + all_reduce_ms(cluster, stage.ranks, cost.param_bytes) + optimizer_step_ms(cluster, cost.param_bytes))
+        busy = (_compute_ms(plan, per_stage, stage.idx) + all_reduce_ms(cluster, stage.ranks, cost.param_bytes)
+                + optimizer_step_ms(cluster, cost.param_bytes))
         busiest = max(busiest, busy)
     return busiest / 1e3
 
@@ -80,9 +80,12 @@ def _plan_cluster(plan: Plan) -> Cluster:
 def _bubbles(plan: Plan, per_stage: dict[int, StageCost], iteration_ms: float) -> dict[int, float]:
     if iteration_ms <= 0:
         return {stage.idx: 0.0 for stage in plan.stages}
-    return {stage.idx: max(0.0, 1.0 - plan.num_micro_batches(stage.idx)
-                           * (per_stage[stage.idx].fwd_ms + per_stage[stage.idx].bwd_ms) / iteration_ms)
-            for stage in plan.stages}
+    return {stage.idx: max(0.0, 1.0 - _compute_ms(plan, per_stage, stage.idx) / iteration_ms) for stage in plan.stages}
+
+
+def _compute_ms(plan: Plan, per_stage: dict[int, StageCost], idx: int) -> float:
+    """A rank's forwards and backwards of every micro-batch of its stage."""
+    return plan.num_micro_batches(idx) * (per_stage[idx].fwd_ms + per_stage[idx].bwd_ms)
 
 
 def _per_rank(plan: Plan, value_of_stage: Callable[[int], int]) -> tuple[int, ...]:

@@ -14,6 +14,9 @@ __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     "capture": "graphpipe.graph.capture",
+    "capture_module": "graphpipe.graph.capture",
+    "CapturedModule": "graphpipe.graph.capture",
+    "ModelInputs": "graphpipe.model_inputs",
     "OpGraph": "graphpipe.graph.op_graph",
     "OpNode": "graphpipe.graph.op_graph",
     "TensorMeta": "graphpipe.graph.tensor_meta",

@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING
 
 from graphpipe.cost.cluster import Cluster
 from graphpipe.cost.cost_table import CostTable
-from graphpipe.errors import PlanningError
+from graphpipe.errors import PlanningError, PlanValidationError
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.planner.api import plan_candidates
 from graphpipe.planner.stage_graph import Plan
+from graphpipe.planner.validate import check_runtime_rules
 
 if TYPE_CHECKING:
     from graphpipe.simulation.result import SimResult
@@ -57,6 +58,11 @@ def plan(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: 
         iteration_s, best, result = _best_simulated(candidates, costs, cluster)
         best = dataclasses.replace(best, predicted_iteration_s=iteration_s,
                                    predicted_samples_per_s=result.samples_per_s)
+    try:
+        check_runtime_rules(best, graph)
+    except PlanValidationError as err:
+        raise PlanningError(f"planner {planner!r} returned a plan the runtime would refuse (a planner bug): "
+                            f"{err}") from err
     return dataclasses.replace(best, search_time_s=time.perf_counter() - start, planner=planner)
 
 

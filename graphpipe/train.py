@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from graphpipe.errors import GraphPipeError, TrainingError
+from graphpipe.model_inputs import ModelInputs
 from graphpipe.planner.stage_graph import Plan
 
 KILL_ENV = "GRAPHPIPE_KILL_AT"  # "RANK:STEP": that rank kills itself at that step (fault-injection tests)
@@ -47,6 +48,9 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
                         help="override a model option (repeatable)")
     parser.add_argument("--leaf-module", dest="leaf_modules", action="append", default=[], metavar="NAME",
                         help="keep this submodule as one op (repeatable; must match how the plan was made)")
+    parser.add_argument("--capture", choices=("auto", "fx", "export"), default=None,
+                        help="how to capture the model when planning it here (graphpipe train without --plan); "
+                             "the ranks capture it as the plan records")
     parser.add_argument("--steps", type=int, default=10, help="train until this many steps are done")
     parser.add_argument("--schedule", default=None, help="1f1b, gpipe or kfkb (default: the plan's)")
     parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
@@ -126,7 +130,8 @@ def _make_trainer(args: argparse.Namespace, plan: Plan, zoo: Any, device: torch.
 
     lr = args.lr
     return PipelineTrainer(zoo.model, plan, optimizer=lambda ps: torch.optim.Adam(ps, lr=lr), loss_fn=zoo.loss_fn,
-                           schedule=args.schedule or plan.schedule, leaf_modules=args.leaf_modules, device=device)
+                           schedule=args.schedule or plan.schedule, leaf_modules=args.leaf_modules,
+                           example_inputs=zoo.inputs, device=device)
 
 
 def _resume(trainer: Any, checkpoint_dir: str) -> None:
@@ -142,14 +147,16 @@ def _resume(trainer: Any, checkpoint_dir: str) -> None:
 
 def shuffled_batch(zoo: Any, seed: int, step: int) -> tuple[Any, Any]:
     """The example batch with its rows permuted by a generator seeded with (seed, step)."""
-    size = zoo.inputs[0].shape[0]
+    size = zoo.batch_size
     perm = torch.randperm(size, generator=torch.Generator().manual_seed(seed * 1_000_003 + step))
     return _take(zoo.inputs, perm), _take(zoo.targets, perm)
 
 
 def _take(value: Any, perm: torch.Tensor) -> Any:
+    if isinstance(value, ModelInputs):
+        return ModelInputs(args=_take(value.args, perm), kwargs=_take(dict(value.kwargs), perm))
     if isinstance(value, torch.Tensor):
-        return value[perm]
+        return value[perm] if value.dim() > 0 and value.shape[0] == perm.numel() else value
     if isinstance(value, (tuple, list)):
         return type(value)(_take(item, perm) for item in value)
     if isinstance(value, dict):
@@ -200,7 +207,7 @@ def simulated_iteration_s(plan: Plan, zoo: Any, schedule: Any, leaf_modules: Any
         from graphpipe.simulation.simulator import simulate
 
         cluster = Cluster.from_dict(plan.cluster)
-        graph = capture(zoo.model, zoo.inputs, leaf_modules=leaf_modules or ())
+        graph = capture(zoo.model, zoo.inputs, leaf_modules=leaf_modules or (), capture=plan.capture)
         sizes = sorted({stage.micro_batch_size for stage in plan.stages})
         costs = analytic_costs(graph, cluster.device, micro_batch_sizes=sizes)
         return float(simulate(plan, costs, cluster, schedule).iteration_time_s)

@@ -63,20 +63,38 @@ def render_summary(summary: GraphSummary, flops: float | None) -> str:
     lines.append(f"activations per sample:  {format_bytes(summary.act_bytes_per_sample)} "
                  f"(op outputs, views included); inputs {format_bytes(summary.input_bytes_per_sample)}")
     lines.append(render_branches(summary))
+    lines.append(render_block(summary))
     lines.append("ops by type:")
     width = max((len(name) for name, _ in summary.ops_by_type), default=0)
     lines.extend(f"  {name:<{width}}  {count:>6}" for name, count in summary.ops_by_type)
     return "\n".join(lines)
 
 
+MAX_REGIONS_SHOWN = 5
+
+
+def render_block(summary: GraphSummary) -> str:
+    """How much of the model must share one stage: near 100% means graph pipelining cannot split it."""
+    total = max(summary.num_compute_ops, 1)
+    share = summary.largest_block_ops / total
+    text = (f"largest block:  {summary.largest_block_ops} of {summary.num_compute_ops} computing ops "
+            f"({share:.0%}) must share one stage")
+    if share > 0.5:
+        text += " (a shared weight, a value that cannot be sent, or a non-SP region ties them)"
+    return text
+
+
 def render_branches(summary: GraphSummary) -> str:
     if not summary.branches:
         return "branches:  none (one chain of ops)"
     parts = []
-    for region in summary.branches:
+    shown = sorted(summary.branches, key=lambda r: -sum(len(chain) for chain in r.chains))[:MAX_REGIONS_SHOWN]
+    for region in shown:
         fork = repr(region.fork) if region.fork else "the inputs"
         join = repr(region.join) if region.join else "the output"
         lengths = sorted({len(chain) for chain in region.chains})
         sizes = f"{lengths[0]}" if len(lengths) == 1 else f"{lengths[0]}-{lengths[-1]}"
         parts.append(f"  {region.num_branches} parallel chains between {fork} and {join} ({sizes} ops each)")
+    if len(summary.branches) > len(shown):
+        parts.append(f"  ... and {len(summary.branches) - len(shown)} smaller regions (--json lists them all)")
     return f"branches:  up to {summary.max_branches} in parallel\n" + "\n".join(parts)

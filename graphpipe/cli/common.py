@@ -43,7 +43,7 @@ def memory_gib(text: str) -> float:
 
 def add_model_args(parser: argparse.ArgumentParser, *, default_model: str | None = None,
                    default_preset: str = "tiny") -> None:
-    """--model (zoo name or file.py:factory), --preset, --batch, --set KEY=VALUE, --leaf-module NAME."""
+    """--model (zoo name or file.py:factory), --preset, --batch, --set KEY=VALUE, --leaf-module NAME, --capture."""
     parser.add_argument("--model", default=default_model, required=default_model is None,
                         help=f"zoo model ({', '.join(ZOO_NAMES)}) or path/to/file.py:factory returning "
                              "(model, inputs, targets, loss_fn)" + (f" (default {default_model})" if default_model
@@ -57,6 +57,9 @@ def add_model_args(parser: argparse.ArgumentParser, *, default_model: str | None
                         help="override a model option, e.g. --set num_branches=8 (repeatable)")
     parser.add_argument("--leaf-module", dest="leaf_modules", action="append", default=[], metavar="NAME",
                         help="keep this submodule (qualified name or class name) as one op (repeatable)")
+    parser.add_argument("--capture", choices=("auto", "fx", "export"), default="auto",
+                        help="how to capture the model: torch.fx, torch.export (models fx cannot trace, such as "
+                             "Hugging Face transformers), or auto (fx, then export if fx fails; default)")
 
 
 def model_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -88,7 +91,7 @@ def capture_from_args(args: argparse.Namespace, device: str | torch.device | Non
         device = "cpu" if is_file_spec(args.model) else "meta"
     zoo = load_model_from_args(args, device=device)
     graph = capture(zoo.model, zoo.inputs, leaf_modules=getattr(args, "leaf_modules", None) or (),
-                    name=graph_name(args))
+                    name=graph_name(args), capture=getattr(args, "capture", None) or "auto")
     return zoo, graph
 
 

@@ -84,7 +84,8 @@ def model_spec_from_args(args: argparse.Namespace, device: str) -> dict[str, Any
     from graphpipe.cli.common import model_options
 
     return {"model": args.model, "preset": args.preset, "batch": args.batch, "options": model_options(args),
-            "leaf_modules": list(getattr(args, "leaf_modules", None) or ()), "device": device}
+            "leaf_modules": list(getattr(args, "leaf_modules", None) or ()), "device": device,
+            "capture": getattr(args, "capture", None) or "auto"}
 
 
 def load_costs(plan: Plan, args: argparse.Namespace) -> CostTable:
@@ -97,7 +98,8 @@ def load_costs(plan: Plan, args: argparse.Namespace) -> CostTable:
     spec = resolve_model_spec(plan, args.model, args.preset, args.batch, model_options(args))
     options = [f"{key}={json.dumps(value)}" for key, value in spec["options"].items()]  # parsed back as JSON
     namespace = argparse.Namespace(model=spec["model"], preset=spec["preset"], batch=spec.get("batch"),
-                                   model_options=options, leaf_modules=spec.get("leaf_modules", []), seed=0)
+                                   model_options=options, leaf_modules=spec.get("leaf_modules", []), seed=0,
+                                   capture=spec.get("capture") or plan.capture)
     _, graph = capture_from_args(namespace)
     device = args.device or spec.get("device") or plan.cluster.get("device", {}).get("name") or "v100-16gb"
     return analytic_costs(graph, device)

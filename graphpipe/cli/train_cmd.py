@@ -94,7 +94,7 @@ def _plan_now(args: argparse.Namespace, path: Path) -> str:
     cluster = Cluster.preset("local-cpu", args.nproc)
     planned = make_plan(graph, analytic_costs(graph, cluster.device), cluster, batch, planner=args.planner)
     spec = {"model": args.model, "preset": args.preset, "batch": args.batch, "options": model_options(args),
-            "leaf_modules": list(args.leaf_modules), "device": cluster.device.name}
+            "leaf_modules": list(args.leaf_modules), "device": cluster.device.name, "capture": graph.capture}
     planned = dataclasses.replace(planned, model_spec=spec)
     if planned.world_size != args.nproc:
         raise TrainingError(f"the {args.planner} planner uses {planned.world_size} of {args.nproc} devices for "

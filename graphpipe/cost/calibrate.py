@@ -131,7 +131,19 @@ def _fit_params(features: np.ndarray, times: np.ndarray, weights: np.ndarray, ba
         loss = _loss(features, times, weights, params)
         if loss < best_loss:
             best, best_loss = params, loss
-    return best
+    return _unseen_bandwidth_kept(features, best, base)
+
+
+def _unseen_bandwidth_kept(features: np.ndarray, params: np.ndarray, base: np.ndarray) -> np.ndarray:
+    """When no entry is memory bound, any small enough bandwidth term fits equally well (the data
+    cannot see it, and which value the solver lands on depends on its rounding): keep the base's,
+    if no entry becomes memory bound with it."""
+    compute = features[:, 0] * params[0] + features[:, 1] * params[1]
+    if np.any(compute < features[:, 2] * params[2]) or np.any(compute < features[:, 2] * base[2]):
+        return params
+    kept = params.copy()
+    kept[2] = base[2]
+    return kept
 
 
 def _alternate(features: np.ndarray, times: np.ndarray, weights: np.ndarray, base: np.ndarray,

@@ -1,10 +1,12 @@
-"""Where a graph runs branches in parallel: the chains of ops between a fork and its join.
+"""Where a graph runs branches in parallel, read off its SP tree (`graphpipe.graph.sp`).
 
-A *cut op* lies on every path from the inputs to the output (every other live op is its
-ancestor or descendant). Between two consecutive cut ops, the remaining ops fall into
-weakly connected groups; two or more groups there are parallel branches. A residual edge
-that skips ops is not a branch: only chains of ops count. Dead ops (unused tuple items)
-are ignored.
+Every parallel block of the tree, nested ones included, is a region: its branches are the
+chains of ops between a fork (the op before the block in its chain, or None: the model's
+inputs) and a join (the op after it, or None: the output). Only ops that compute count:
+replicated values (inputs, sizes, masks, parameter reads) ride along and join nothing, and
+dead ops are gone at capture. The *largest block* is the biggest group of ops that must share
+a stage (a non-SP core, or ops tied by a shared weight or a value that cannot be sent): when it
+holds most of the model, graph pipelining cannot help it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphpipe.graph.op_graph import OpGraph
+from graphpipe.graph.sp import SPChain, SPLeaf, SPParallel, iter_chains, sp_decompose
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -21,7 +24,7 @@ class BranchRegion:
 
     fork: str | None
     join: str | None
-    chains: tuple[tuple[str, ...], ...]  # the ops of each branch, in topological order
+    chains: tuple[tuple[str, ...], ...]  # the computing ops of each branch, in topological order
 
     @property
     def num_branches(self) -> int:
@@ -32,25 +35,22 @@ class BranchRegion:
                 "chain_lengths": [len(chain) for chain in self.chains]}
 
 
-def find_branches(graph: OpGraph) -> tuple[BranchRegion, ...]:
-    """Every region with at least two parallel branches, in topological order."""
-    live = _live_ops(graph)
-    cuts = _cut_ops(graph, live)
-    groups = _components(graph, [name for name in live if name not in cuts])
-    by_region: dict[int, list[tuple[str, ...]]] = {}
-    cut_positions = sorted(graph.index(name) for name in cuts)
-    for group in groups:
-        region = sum(1 for pos in cut_positions if pos < graph.index(group[0]))
-        by_region.setdefault(region, []).append(group)
-    cut_names = [graph.ops[pos].name for pos in cut_positions]
+def find_branches(graph: OpGraph, tree: SPChain | None = None) -> tuple[BranchRegion, ...]:
+    """Every region with at least two parallel branches, in topological order of its first op."""
+    tree = tree if tree is not None else sp_decompose(graph)
     regions = []
-    for region, chains in sorted(by_region.items()):
-        if len(chains) > 1:
-            fork = cut_names[region - 1] if region > 0 else None
-            join = cut_names[region] if region < len(cut_names) else None
-            ordered = tuple(sorted(chains, key=lambda chain: graph.index(chain[0])))
-            regions.append(BranchRegion(fork=fork, join=join, chains=ordered))
-    return tuple(regions)
+    for chain in iter_chains(tree):
+        for pos, item in enumerate(chain.items):
+            if not isinstance(item, SPParallel):
+                continue
+            chains = tuple(_computing(graph, branch.ops) for branch in item.branches)
+            chains = tuple(ops for ops in chains if ops)
+            if len(chains) < 2:
+                continue
+            fork = _edge_op(graph, chain.items[pos - 1].ops, last=True) if pos > 0 else None
+            join = _edge_op(graph, chain.items[pos + 1].ops, last=False) if pos + 1 < len(chain.items) else None
+            regions.append(BranchRegion(fork=fork, join=join, chains=chains))
+    return tuple(sorted(regions, key=lambda region: graph.index(region.chains[0][0])))
 
 
 def max_branches(graph: OpGraph) -> int:
@@ -58,46 +58,19 @@ def max_branches(graph: OpGraph) -> int:
     return max((region.num_branches for region in find_branches(graph)), default=1)
 
 
-def _live_ops(graph: OpGraph) -> list[str]:
-    """Ops the output depends on, plus the output itself, in topological order; constants
-    (get_attr: a parameter or buffer read directly) are sources of no branch and are left out."""
-    live = {graph.output}
-    for op in reversed(graph.ops):
-        if op.name in live:
-            live.update(op.inputs)
-    return [op.name for op in graph.ops if op.name in live and op.kind != "get_attr"]
+def largest_block(graph: OpGraph, tree: SPChain | None = None) -> tuple[str, ...]:
+    """The computing ops of the biggest leaf of the SP tree: ops that always share one stage."""
+    tree = tree if tree is not None else sp_decompose(graph)
+    leaves = [item for chain in iter_chains(tree) for item in chain.items if isinstance(item, SPLeaf)]
+    return max((_computing(graph, leaf.ops) for leaf in leaves), key=len, default=())
 
 
-def _cut_ops(graph: OpGraph, live: list[str]) -> set[str]:
-    bit = {name: 1 << idx for idx, name in enumerate(live)}
-    ancestors: dict[str, int] = {}
-    for name in live:
-        ancestors[name] = 0
-        for src in graph.predecessors(name):
-            if src in bit:
-                ancestors[name] |= ancestors[src] | bit[src]
-    descendants = dict.fromkeys(live, 0)
-    for name in reversed(live):
-        for src in graph.predecessors(name):
-            if src in bit:
-                descendants[src] |= descendants[name] | bit[name]
-    return {name for name in live if (ancestors[name] | descendants[name]).bit_count() == len(live) - 1}
+def _computing(graph: OpGraph, ops: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(name for name in ops if not graph.op(name).replicated and graph.op(name).kind != "output")
 
 
-def _components(graph: OpGraph, names: list[str]) -> list[tuple[str, ...]]:
-    parent = {name: name for name in names}
-
-    def find(name: str) -> str:
-        while parent[name] != name:
-            parent[name] = parent[parent[name]]
-            name = parent[name]
-        return name
-
-    for name in names:
-        for src in graph.predecessors(name):
-            if src in parent:
-                parent[find(src)] = find(name)
-    groups: dict[str, list[str]] = {}
-    for name in names:
-        groups.setdefault(find(name), []).append(name)
-    return [tuple(group) for group in groups.values()]
+def _edge_op(graph: OpGraph, ops: tuple[str, ...], *, last: bool) -> str | None:
+    computing = _computing(graph, ops) or tuple(name for name in ops if not graph.op(name).replicated)
+    if not computing:
+        return None
+    return max(computing, key=graph.index) if last else min(computing, key=graph.index)

@@ -1,4 +1,12 @@
-"""Capture an nn.Module into an `OpGraph`: torch.fx tracing plus shape propagation.
+"""Capture an nn.Module into an `OpGraph`, with torch.fx or torch.export, plus shape propagation.
+
+`capture="fx"` traces symbolically (layers stay whole ops; `leaf_modules` keep more modules
+whole); `capture="export"` uses `torch.export` (non-strict, dynamic batch dimension), which
+follows what fx cannot (decorated forwards, output dataclasses: Hugging Face models);
+`"auto"` tries fx and falls back to export. Either way the result is a flat fx GraphModule
+(one placeholder per input leaf) that the runtime splits into stages, and the `OpGraph`
+records every value's metas, batch axis, whether it is a tensor, and which ops every stage
+recomputes (`graphpipe.graph.replication`).
 
 A model whose weights live on the `meta` device is shape-propagated with meta tensors,
 so the paper-sized models are captured without allocating their weights.
@@ -6,45 +14,167 @@ so the paper-sized models are captured without allocating their weights.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import inspect
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx
+import torch.fx._pytree as fx_pytree
+import torch.utils._pytree as pytree
 from torch import nn
 
 from graphpipe.errors import GraphCaptureError
+from graphpipe.graph.export_trace import export_module
 from graphpipe.graph.op_attrs import call_attrs, module_attrs
 from graphpipe.graph.op_graph import OpGraph, OpNode, ParamRef
 from graphpipe.graph.param_owners import assign_params
-from graphpipe.graph.shape_record import record_metas
-from graphpipe.graph.tensor_meta import TensorMeta
+from graphpipe.graph.prune import prune_graph
+from graphpipe.graph.replication import mark_replicated
+from graphpipe.graph.shape_record import NodeValues, record_values
 from graphpipe.graph.tracer import DEFAULT_LEAF_TYPES, trace_module
+from graphpipe.model_inputs import ModelInputs, as_model_inputs
 
-__all__ = ["DEFAULT_LEAF_TYPES", "capture", "capture_traced", "trace_module"]
+__all__ = ["CAPTURE_METHODS", "DEFAULT_LEAF_TYPES", "CapturedModule", "capture", "capture_module", "trace_module"]
 
-
-def capture(model: nn.Module, example_inputs: Sequence[Any] | torch.Tensor, *,
-            leaf_modules: Iterable[type | str] = (), name: str | None = None) -> OpGraph:
-    """Trace `model` and run `example_inputs` (batch first) through it to record every op's shapes."""
-    inputs = _as_tuple(example_inputs)
-    gm = trace_module(model, leaf_modules, num_inputs=len(inputs))
-    return capture_traced(gm, model, inputs, name=name or type(model).__name__)
+CAPTURE_METHODS = ("auto", "fx", "export")
 
 
-def capture_traced(gm: torch.fx.GraphModule, model: nn.Module, example_inputs: Sequence[Any] | torch.Tensor, *,
-                   name: str) -> OpGraph:
-    """Build the `OpGraph` of an already traced `gm` (from `trace_module(model)`)."""
-    inputs = _as_tuple(example_inputs)
-    batch_size = _batch_size(inputs)
-    metas = record_metas(gm, model, _on_model_device(model, inputs))
+@dataclass(frozen=True, eq=False)
+class CapturedModule:
+    """A model captured for splitting: the flat GraphModule, its `OpGraph`, and how to call it.
+
+    `bind` turns the model's own call arguments into the placeholders' values; `model_output`
+    rebuilds the model's output object from the graph's flat output (export flattens it).
+    """
+
+    module: torch.fx.GraphModule
+    graph: OpGraph
+    method: str  # "fx" or "export"
+    input_names: tuple[str, ...]
+    in_spec: pytree.TreeSpec | None = None  # export: the flattened (args, kwargs)
+    out_spec: pytree.TreeSpec | None = None  # export: the output object
+    signature: inspect.Signature | None = None  # fx: the model's forward
+
+    def bind(self, inputs: Any) -> dict[str, Any]:
+        """Placeholder name -> value for one call of the model with `inputs` (as `capture` takes them)."""
+        given = as_model_inputs(inputs)
+        if self.in_spec is not None:
+            try:
+                values = fx_pytree.tree_flatten_spec((tuple(given.args), dict(given.kwargs)), self.in_spec)
+            except Exception as err:
+                raise GraphCaptureError(f"the inputs do not have the structure the model was captured with: "
+                                        f"{err}") from err
+            return dict(zip(self.input_names, values))
+        return _bind_fx(self.module, self.signature, given)
+
+    def model_output(self, flat: Any) -> Any:
+        """The output as the model returns it (a ModelOutput, a dict, ...), from the graph's output value."""
+        if self.out_spec is None:
+            return flat
+        return pytree.tree_unflatten(list(flat), self.out_spec)
+
+
+def capture(model: nn.Module, example_inputs: Any, *, leaf_modules: Iterable[type | str] = (),
+            name: str | None = None, capture: str = "auto") -> OpGraph:
+    """The `OpGraph` of `model` on `example_inputs` (a tensor, a tuple, a dict of keyword arguments or
+    `ModelInputs`; batch first). Forward arguments the example leaves out stay at their defaults."""
+    return capture_module(model, example_inputs, leaf_modules=leaf_modules, name=name, method=capture).graph
+
+
+def capture_module(model: nn.Module, example_inputs: Any, *, leaf_modules: Iterable[type | str] = (),
+                   name: str | None = None, method: str = "auto") -> CapturedModule:
+    """Capture `model` with `method` ("auto": fx, then torch.export if fx fails)."""
+    if method not in CAPTURE_METHODS:
+        raise GraphCaptureError(f"unknown capture method {method!r}; use one of {', '.join(CAPTURE_METHODS)}")
+    given = as_model_inputs(example_inputs)
+    name = name or type(model).__name__
+    leaf_modules = tuple(leaf_modules) if not isinstance(leaf_modules, (str, type)) else (leaf_modules,)
+    if method == "export":
+        if leaf_modules:
+            raise GraphCaptureError("leaf modules apply to fx capture only (torch.export keeps no module whole); "
+                                    "drop --leaf-module or use --capture fx")
+        return _captured_by_export(model, given, name)
+    try:
+        return _captured_by_fx(model, given, leaf_modules, name)
+    except GraphCaptureError as fx_error:
+        if method == "fx" or leaf_modules:  # leaf modules are an fx notion: the user chose fx
+            raise
+        try:
+            return _captured_by_export(model, given, name)
+        except GraphCaptureError as export_error:
+            raise GraphCaptureError(f"capture failed with both methods. fx: {fx_error} | export: {export_error}") \
+                from export_error
+
+
+def _captured_by_fx(model: nn.Module, given: ModelInputs, leaf_modules: tuple[Any, ...],
+                    name: str) -> CapturedModule:
+    gm = prune_graph(trace_module(model, leaf_modules, given=given))
+    signature = inspect.signature(type(model).forward)
+    values = _bind_fx(gm, signature, given)
+    graph = _op_graph(gm, model, given, list(values.values()), name=name, method="fx")
+    return CapturedModule(module=gm, graph=graph, method="fx", input_names=tuple(values), signature=signature)
+
+
+def _captured_by_export(model: nn.Module, given: ModelInputs, name: str) -> CapturedModule:
+    gm, in_spec, out_spec = export_module(model, given)
+    gm = prune_graph(gm)
+    input_names = tuple(node.name for node in gm.graph.nodes if node.op == "placeholder")
+    flat = fx_pytree.tree_flatten_spec((tuple(given.args), dict(given.kwargs)), in_spec)
+    if len(flat) != len(input_names):
+        raise GraphCaptureError(f"torch.export gave {len(input_names)} inputs for {len(flat)} input leaves; "
+                                "pass only tensors and constants as example inputs")
+    graph = _op_graph(gm, model, given, list(flat), name=name, method="export")
+    return CapturedModule(module=gm, graph=graph, method="export", input_names=input_names, in_spec=in_spec,
+                          out_spec=out_spec)
+
+
+def _op_graph(gm: torch.fx.GraphModule, model: nn.Module, given: ModelInputs, flat_inputs: list[Any], *,
+              name: str, method: str) -> OpGraph:
+    batch_size = given.batch_size()
+    values = record_values(gm, model, _on_model_device(model, tuple(flat_inputs)), batch_size)
     params = assign_params(gm, model)
-    ops = tuple(_op_node(node, gm, metas, params.get(node.name, ())) for node in gm.graph.nodes)
-    return OpGraph(name=name, ops=ops, example_batch_size=batch_size)
+    ops = tuple(_op_node(node, gm, values, params.get(node.name, ())) for node in gm.graph.nodes)
+    return OpGraph(name=name, ops=mark_replicated(ops), example_batch_size=batch_size, capture=method)
 
 
-def _op_node(node: torch.fx.Node, gm: torch.fx.GraphModule, metas: dict[str, tuple[TensorMeta, ...]],
-             params: tuple[ParamRef, ...]) -> OpNode:
+def _bind_fx(gm: torch.fx.GraphModule, signature: inspect.Signature | None, given: ModelInputs) -> dict[str, Any]:
+    """Values of the fx placeholders: arguments by name, `*args` in order, left-out ones at their defaults."""
+    placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
+    params = list(signature.parameters.values())[1:] if signature is not None else []
+    by_name: dict[str, Any] = dict(given.kwargs)
+    extra: list[Any] = []
+    positional = [p for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                  inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for idx, value in enumerate(given.args):
+        if idx < len(positional):
+            by_name[positional[idx].name] = value
+        else:
+            extra.append(value)
+    if not params:  # a bare GraphModule: placeholders in order
+        extra = list(given.args)
+    out: dict[str, Any] = {}
+    for node in placeholders:
+        target = str(node.target)
+        if target in by_name:
+            out[node.name] = by_name.pop(target)
+        elif extra:
+            out[node.name] = extra.pop(0)
+        elif node.args:
+            out[node.name] = node.args[0]
+        else:
+            wanted = ", ".join(str(n.target) for n in placeholders)
+            raise GraphCaptureError(f"the inputs give no value for the model's input {target!r}; "
+                                    f"pass {len(placeholders)} inputs ({wanted})")
+    if extra or by_name:
+        raise GraphCaptureError(f"the model takes {len(placeholders)} inputs "
+                                f"({', '.join(str(n.target) for n in placeholders)}), got "
+                                f"{len(placeholders) + len(extra) + len(by_name)}")
+    return out
+
+
+def _op_node(node: torch.fx.Node, gm: torch.fx.GraphModule, values: NodeValues, params: tuple[ParamRef, ...]) -> OpNode:
     kind = str(node.op)
     module_path = str(node.target) if kind == "call_module" else None
     if module_path is not None:
@@ -54,17 +184,20 @@ def _op_node(node: torch.fx.Node, gm: torch.fx.GraphModule, metas: dict[str, tup
     else:
         module_type = _callable_name(node)
         attrs = call_attrs(node) if kind in ("call_function", "call_method") else {}
-    attrs["input_shapes"] = [list(meta.shape) for src in node.all_input_nodes for meta in metas.get(src.name, ())]
+    attrs["input_shapes"] = [list(meta.shape) for src in node.all_input_nodes
+                             for meta in values.metas.get(src.name, ())]
     return OpNode(
         name=node.name, kind=kind, target=_target_str(node), module_path=module_path, module_type=module_type,
-        inputs=tuple(src.name for src in node.all_input_nodes), outputs=metas.get(node.name, ()),
-        params=params, attrs=attrs)
+        inputs=tuple(src.name for src in node.all_input_nodes), outputs=values.metas.get(node.name, ()),
+        params=params, attrs=attrs, is_tensor=values.is_tensor.get(node.name, True))
 
 
 def _callable_name(node: torch.fx.Node) -> str:
     if node.op in ("placeholder", "output", "get_attr"):
         return str(node.op)
     target = node.target
+    if isinstance(target, torch._ops.OpOverload):  # aten.linear.default -> "linear"
+        return str(target.overloadpacket.__name__)
     return target if isinstance(target, str) else getattr(target, "__name__", str(target))
 
 
@@ -72,24 +205,10 @@ def _target_str(node: torch.fx.Node) -> str:
     target = node.target
     if isinstance(target, str):
         return target
+    if isinstance(target, torch._ops.OpOverload):
+        return f"aten.{target.__name__}" if target.namespace == "aten" else str(target)
     module = getattr(target, "__module__", None) or ""
     return f"{module}.{getattr(target, '__qualname__', getattr(target, '__name__', str(target)))}".lstrip(".")
-
-
-def _as_tuple(example_inputs: Sequence[Any] | torch.Tensor) -> tuple[Any, ...]:
-    if isinstance(example_inputs, torch.Tensor):
-        return (example_inputs,)
-    return tuple(example_inputs)
-
-
-def _batch_size(inputs: tuple[Any, ...]) -> int:
-    first = inputs[0] if inputs else None
-    if not isinstance(first, torch.Tensor) or first.dim() == 0:
-        raise GraphCaptureError(
-            "the first example input must be a tensor with the batch as its first dimension, got "
-            f"{type(first).__name__ if not isinstance(first, torch.Tensor) else 'a 0-d tensor'}; "
-            "pass example_inputs as a tuple of tensors, batch first")
-    return int(first.shape[0])
 
 
 def _on_model_device(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -17,6 +17,7 @@ from graphpipe.graph.tensor_meta import TensorMeta
 from graphpipe.serde import JsonFile
 
 OP_KINDS = ("placeholder", "call_module", "call_function", "call_method", "get_attr", "output")
+FREE_KINDS = ("placeholder", "get_attr")  # model inputs and parameter reads: on every rank already
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,7 +46,10 @@ class OpNode:
 
     `module_type` is the class name of a call_module target (e.g. "Linear") or the function
     or method name otherwise; `attrs` holds what the analytic cost model needs
-    (e.g. {"in_features": 64}), JSON-serialisable values only.
+    (e.g. {"in_features": 64}), JSON-serialisable values only. `is_tensor` says the value is
+    one tensor (not a tuple, a size or a Python number); a `replicated` op is computed by every
+    stage that reads it and never sent (model inputs, parameter reads, shape arithmetic, masks
+    and position ids: see `graphpipe.graph.replication`).
     """
 
     name: str
@@ -57,10 +61,19 @@ class OpNode:
     module_path: str | None = None
     module_type: str = ""
     attrs: Mapping[str, Any] = field(default_factory=dict)
+    is_tensor: bool = True
+    replicated: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in OP_KINDS:
             raise GraphValidationError(f"op {self.name!r}: unknown kind {self.kind!r}; expected one of {OP_KINDS}")
+        if self.kind in FREE_KINDS and not self.replicated:
+            object.__setattr__(self, "replicated", True)  # every rank holds the data and the parameters
+
+    @property
+    def can_cross(self) -> bool:
+        """Whether the value can be sent between stages: one tensor with the batch as its first dimension."""
+        return self.is_tensor and len(self.outputs) == 1 and self.outputs[0].batch_axis == 0
 
     @property
     def output_bytes(self) -> int:
@@ -76,6 +89,7 @@ class OpNode:
             "outputs": [meta.to_dict() for meta in self.outputs],
             "params": [param.to_dict() for param in self.params],
             "module_path": self.module_path, "module_type": self.module_type, "attrs": dict(self.attrs),
+            "is_tensor": self.is_tensor, "replicated": self.replicated,
         }
 
     @classmethod
@@ -85,7 +99,8 @@ class OpNode:
             outputs=tuple(TensorMeta.from_dict(meta) for meta in data["outputs"]),
             params=tuple(ParamRef.from_dict(param) for param in data["params"]),
             module_path=data.get("module_path"), module_type=data.get("module_type", ""),
-            attrs=dict(data.get("attrs", {})),
+            attrs=dict(data.get("attrs", {})), is_tensor=data.get("is_tensor", len(data["outputs"]) == 1),
+            replicated=data.get("replicated", False),
         )
 
     def __str__(self) -> str:
@@ -95,11 +110,16 @@ class OpNode:
 
 @dataclass(frozen=True, kw_only=True)
 class OpGraph(JsonFile):
-    """A validated DAG of ops in topological order, captured with `example_batch_size` samples."""
+    """A validated DAG of ops in topological order, captured with `example_batch_size` samples.
+
+    `capture` names the method that made it ("fx" or "export"): the runtime captures the model
+    the same way, so that op names match.
+    """
 
     name: str
     ops: tuple[OpNode, ...]
     example_batch_size: int
+    capture: str = "fx"
 
     def __post_init__(self) -> None:
         self._validate()
@@ -194,15 +214,45 @@ class OpGraph(JsonFile):
             for src in dict.fromkeys(op.inputs):
                 yield src, op.name
 
+    # ---- data edges: what stages send each other ---------------------------------------------
+    @cached_property
+    def replicated(self) -> frozenset[str]:
+        """Ops every reading stage computes itself; their edges carry no message and order no stages."""
+        return frozenset(op.name for op in self.ops if op.replicated)
+
+    @cached_property
+    def _data_preds(self) -> dict[str, tuple[str, ...]]:
+        free = self.replicated
+        return {op.name: tuple(src for src in dict.fromkeys(op.inputs) if src not in free) for op in self.ops}
+
+    @cached_property
+    def _data_succs(self) -> dict[str, tuple[str, ...]]:
+        free = self.replicated
+        return {name: () if name in free else succs for name, succs in self._successors.items()}
+
+    def data_predecessors(self, name: str) -> tuple[str, ...]:
+        """Producers whose values `name` receives when they run in another stage (replicated ones excluded)."""
+        return self._data_preds[name]
+
+    def data_successors(self, name: str) -> tuple[str, ...]:
+        """Readers of `name`'s value across stages; none for a replicated op."""
+        return self._data_succs[name]
+
+    def data_edges(self) -> Iterator[tuple[str, str]]:
+        """Edges that carry a message when their ends are in different stages."""
+        for op in self.ops:
+            for src in self._data_preds[op.name]:
+                yield src, op.name
+
     # ---- serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {"format": "graphpipe.opgraph/1", "name": self.name, "example_batch_size": self.example_batch_size,
-                "ops": [op.to_dict() for op in self.ops]}
+                "capture": self.capture, "ops": [op.to_dict() for op in self.ops]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> OpGraph:
         return cls(name=data["name"], example_batch_size=data["example_batch_size"],
-                   ops=tuple(OpNode.from_dict(op) for op in data["ops"]))
+                   capture=data.get("capture", "fx"), ops=tuple(OpNode.from_dict(op) for op in data["ops"]))
 
     def __str__(self) -> str:
         return f"OpGraph({self.name!r}, {len(self.ops)} ops, {self.param_bytes / 2**20:.1f} MiB of parameters)"

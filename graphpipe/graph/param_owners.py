@@ -1,5 +1,9 @@
 """Which op owns which parameter: the first op (in topological order) that uses it.
 
+A parameter read through `get_attr` (the form torch.export gives every parameter) is used
+by the ops that read the `get_attr`, not by the read itself, so the owner is an op that
+computes with it and a parameter read by two ops is shared between them.
+
 Parameters and buffers are named as in the original model (`model.named_parameters()`),
 so a stage's `state_dict` can be compared with the whole model's by name. Tied weights
 (one tensor reached under two names) are one parameter under its first name.
@@ -60,9 +64,9 @@ def _tensors_used(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[torch.T
         module = gm.get_submodule(str(node.target))
         return [t for _, t in module.named_parameters(remove_duplicate=False)] + [
             t for _, t in module.named_buffers(remove_duplicate=False)]
-    if node.op == "get_attr":
-        value = _get_attr(gm, str(node.target))
-        return [value] if isinstance(value, torch.Tensor) else []
+    if node.op in ("call_function", "call_method", "output"):  # the readers of a get_attr own what it reads
+        values = [_get_attr(gm, str(src.target)) for src in node.all_input_nodes if src.op == "get_attr"]
+        return [value for value in values if isinstance(value, torch.Tensor)]
     return []
 
 

@@ -36,7 +36,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
+from graphpipe.graph.colocation import colocation_groups
 from graphpipe.graph.op_graph import OpGraph
+from graphpipe.graph.toposort import priority_topological_order
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,33 +99,87 @@ def merged_leaves(chain: SPChain) -> tuple[SPLeaf, ...]:
 def sp_decompose(graph: OpGraph) -> SPChain:
     """The SP tree of an op graph (ops of the tree = ops of the graph, each exactly once).
 
-    A parameter or buffer read (`get_attr`) with no inputs and a single reader rides in its
-    reader's leaf: the runtime copies it into the stage that reads it, so a stage or a message
-    of its own would only cost. Left in the graph it would be a branch from the virtual
-    source of its own (DLRM's interaction index: a two-branch block around the whole model).
+    Only data edges shape the tree, between *units* (`stage_units`): replicated ops (model
+    inputs, parameter reads, shape arithmetic, masks: `graphpipe.graph.replication`) are
+    computed by every stage that reads them, so they join no branches and ride in the unit of
+    their first reader; ops that must share a stage (`graphpipe.graph.colocation`) are one unit.
     """
-    riders = _riders(graph)
-    names = [name for name in graph.names if name not in riders]
-    preds = {name: tuple(p for p in graph.predecessors(name) if p not in riders) for name in names}
-    tree = decompose_dag(names, preds)
-    if not riders:
+    units = stage_units(graph)
+    tree = decompose_dag(units.keys, units.preds)
+    extra = {key: [op for op in ops if op != key] for key, ops in zip(units.keys, units.ops) if len(ops) > 1}
+    if not extra:
         return tree
-    order = {name: idx for idx, name in enumerate(graph.names)}
-    by_reader: dict[str, list[str]] = {}
-    for rider, reader in riders.items():
-        by_reader.setdefault(reader, []).append(rider)
-    return _with_riders(tree, by_reader, order)
+    return _with_riders(tree, extra, {name: idx for idx, name in enumerate(graph.names)})
+
+
+@dataclass(frozen=True, slots=True)
+class StageUnits:
+    """The graph contracted to what the planners cut between: units in topological order.
+
+    `keys[i]` names unit i by one of its ops, `ops[i]` holds all of them (graph order), and
+    `preds[key]` are the keys of the units it reads along data edges.
+    """
+
+    keys: tuple[str, ...]
+    ops: tuple[tuple[str, ...], ...]
+    preds: Mapping[str, tuple[str, ...]]
+
+
+def stage_units(graph: OpGraph) -> StageUnits:
+    """Every op in exactly one unit; a stage is a union of units (what `sp_decompose` and the chain
+    planners see). Replicated and dead ops ride with their reader or producer; a colocation group is
+    one unit."""
+    groups = colocation_groups(graph)
+    rep_of = {member: group[0] for group in groups for member in group}
+    members = {group[0]: group for group in groups}
+    riders = _riders(graph)
+    riders.update((op, host) for op, host in _dead(graph).items() if op not in rep_of)
+    names = [op.name for op in graph.ops if op.name not in riders and rep_of.get(op.name, op.name) == op.name]
+    preds: dict[str, tuple[str, ...]] = {}
+    for name in names:
+        sources = (rep_of.get(src, src) for member in members.get(name, (name,))
+                   for src in graph.data_predecessors(member) if src not in riders)
+        preds[name] = tuple(dict.fromkeys(src for src in sources if src != name))
+    ops: dict[str, list[str]] = {name: list(members.get(name, (name,))) for name in names}
+    for rider in riders:
+        host = _final_host(rider, riders)
+        ops[rep_of.get(host, host)].append(rider)
+    order = priority_topological_order(names, [(src, name) for name in names for src in preds[name]], graph.index)
+    assert len(order) == len(names), "colocation groups must be convex"
+    return StageUnits(keys=tuple(order), ops=tuple(tuple(sorted(ops[key], key=graph.index)) for key in order),
+                      preds=preds)
+
+
+def _final_host(op: str, riders: Mapping[str, str]) -> str:
+    while op in riders:
+        op = riders[op]
+    return op
+
+
+def _dead(graph: OpGraph) -> dict[str, str]:
+    """Ops the output does not depend on (a graph made by hand; capture removes them), each mapped to its
+    latest producer, so that they ride along and join no branch."""
+    live = {graph.output}
+    for op in reversed(graph.ops):
+        if op.name in live:
+            live.update(op.inputs)
+    dead = {}
+    for op in graph.ops:
+        if op.name not in live and not op.replicated:
+            producers = graph.data_predecessors(op.name)
+            dead[op.name] = max(producers, key=graph.index) if producers else graph.output
+    return dead
 
 
 def _riders(graph: OpGraph) -> dict[str, str]:
-    """get_attr ops with no inputs and exactly one reader, mapped to that reader."""
-    out = {}
-    for op in graph.ops:
-        if op.kind == "get_attr" and not graph.predecessors(op.name):
-            readers = graph.successors(op.name)
-            if len(readers) == 1:
-                out[op.name] = readers[0]
-    return out
+    """Replicated ops mapped to the first op that reads them and is not replicated (the output if none)."""
+    host: dict[str, str] = {}
+    for op in reversed(graph.ops):
+        if not op.replicated:
+            continue
+        readers = [reader if not graph.op(reader).replicated else host[reader] for reader in graph.successors(op.name)]
+        host[op.name] = min(readers, key=graph.index) if readers else graph.output
+    return host
 
 
 def _with_riders(chain: SPChain, by_reader: Mapping[str, Sequence[str]], order: Mapping[str, int]) -> SPChain:

@@ -7,8 +7,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from graphpipe.graph.branches import BranchRegion, find_branches
+from graphpipe.graph.branches import BranchRegion, find_branches, largest_block
 from graphpipe.graph.op_graph import OpGraph
+from graphpipe.graph.sp import sp_decompose
 
 COMPUTE_KINDS = ("call_module", "call_function", "call_method")
 
@@ -31,6 +32,8 @@ class GraphSummary:
     input_bytes_per_sample: float
     act_bytes_per_sample: float
     branches: tuple[BranchRegion, ...]
+    num_compute_ops: int = 0  # ops that are not replicated (inputs, parameter reads, sizes, masks)
+    largest_block_ops: int = 0  # computing ops that must share one stage (see graph/branches.py)
 
     @property
     def max_branches(self) -> int:
@@ -43,11 +46,13 @@ class GraphSummary:
             "buffer_bytes": self.buffer_bytes, "input_bytes_per_sample": self.input_bytes_per_sample,
             "act_bytes_per_sample": self.act_bytes_per_sample, "max_branches": self.max_branches,
             "branches": [region.to_dict() for region in self.branches],
+            "num_compute_ops": self.num_compute_ops, "largest_block_ops": self.largest_block_ops,
         }
 
 
 def summarize(graph: OpGraph) -> GraphSummary:
     batch = graph.example_batch_size
+    tree = sp_decompose(graph)
     params = [param for op in graph.ops for param in op.params]
     counts = Counter(op.module_type or op.kind for op in graph.ops)
     return GraphSummary(
@@ -58,5 +63,6 @@ def summarize(graph: OpGraph) -> GraphSummary:
         buffer_bytes=sum(param.num_bytes for param in params if param.is_buffer),
         input_bytes_per_sample=sum(graph.op(name).output_bytes for name in graph.inputs) / batch,
         act_bytes_per_sample=sum(op.output_bytes for op in graph.ops if op.kind in COMPUTE_KINDS) / batch,
-        branches=find_branches(graph),
+        branches=find_branches(graph, tree), num_compute_ops=len(graph.ops) - len(graph.replicated),
+        largest_block_ops=len(largest_block(graph, tree)),
     )

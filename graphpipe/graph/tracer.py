@@ -19,6 +19,7 @@ from torch import nn
 from torch.fx._symbolic_trace import PH
 
 from graphpipe.errors import GraphCaptureError
+from graphpipe.model_inputs import ModelInputs
 
 DEFAULT_LEAF_TYPES: tuple[type[nn.Module], ...] = (
     nn.Linear, nn.Bilinear, nn.Conv1d, nn.Conv2d, nn.Conv3d,
@@ -67,16 +68,22 @@ class LeafTracer(torch.fx.Tracer):
 
 
 def trace_module(model: nn.Module, leaf_modules: Iterable[type | str] = (), *,
-                 num_inputs: int | None = None) -> torch.fx.GraphModule:
+                 num_inputs: int | None = None, given: ModelInputs | None = None) -> torch.fx.GraphModule:
     """Symbolically trace `model`; default layers plus `leaf_modules` (types or names) stay single ops.
 
     A `forward(self, *inputs)` is traced with `num_inputs` placeholders `input_0, input_1, ...`
-    (default: the model's `num_inputs` attribute). Raises GraphCaptureError naming the module and
-    the source line fx could not trace.
+    (default: the model's `num_inputs` attribute). With `given` example inputs, the forward
+    arguments they leave out keep their defaults as constants (`forward(x, mask=None)` called
+    with `x` alone traces one input). Raises GraphCaptureError naming the module and the source
+    line fx could not trace.
     """
     leaf_types, leaf_names = _split_leaves(model, leaf_modules)
     tracer = LeafTracer(DEFAULT_LEAF_TYPES + leaf_types, leaf_names)
-    concrete_args = _varargs_placeholders(model, num_inputs)
+    if given is not None:
+        num_inputs = len(given.args) if num_inputs is None else num_inputs
+    concrete_args: Any = _varargs_placeholders(model, num_inputs)
+    if concrete_args is None and given is not None:
+        concrete_args = _defaults_of_missing(model, given) or None
     try:
         graph = tracer.trace(model, concrete_args=cast(Any, concrete_args))  # fx also takes a tuple
     except Exception as err:
@@ -97,6 +104,25 @@ def _varargs_placeholders(model: nn.Module, num_inputs: int | None) -> tuple[Any
             "forward(self, *inputs) alone plus the number of inputs: pass num_inputs= (capture passes "
             "len(example_inputs)) or set model.num_inputs, or give forward named arguments")
     return (PH,) * count
+
+
+def _defaults_of_missing(model: nn.Module, given: ModelInputs) -> dict[str, Any]:
+    """The forward arguments the example leaves out, at their defaults (fx traces them as constants)."""
+    params = list(inspect.signature(type(model).forward).parameters.values())[1:]
+    named = [p for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    unknown = set(given.kwargs) - {p.name for p in named}
+    if unknown:
+        raise GraphCaptureError(f"{type(model).__name__}.forward has no argument(s) {sorted(unknown)}; "
+                                f"it takes {[p.name for p in named]}")
+    missing: dict[str, Any] = {}
+    for idx, param in enumerate(named):
+        if idx < len(given.args) or param.name in given.kwargs:
+            continue
+        if param.default is inspect.Parameter.empty:
+            raise GraphCaptureError(f"{type(model).__name__}.forward needs argument {param.name!r}, which the "
+                                    "example inputs do not give; add it to the example inputs")
+        missing[param.name] = param.default
+    return missing
 
 
 def _split_leaves(model: nn.Module, leaf_modules: Iterable[type | str]) -> tuple[tuple[type, ...], frozenset[str]]:

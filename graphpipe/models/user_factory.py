@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphpipe.errors import ModelLoadError
+from graphpipe.errors import GraphCaptureError, ModelLoadError
+from graphpipe.model_inputs import ModelInputs, as_model_inputs
 from graphpipe.models.zoo_model import ZooModel, to_device
 
 
@@ -52,10 +53,14 @@ def repeat_rows(zoo: ZooModel, batch_size: int) -> ZooModel:
     rows = torch.arange(batch_size) % zoo.batch_size
 
     def take(value: Any) -> Any:
+        if isinstance(value, ModelInputs):
+            return ModelInputs(args=take(value.args), kwargs=take(dict(value.kwargs)))
         if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == zoo.batch_size:
             return value[rows.to(value.device)]
         if isinstance(value, (tuple, list)):
             return type(value)(take(item) for item in value)
+        if isinstance(value, dict):
+            return {key: take(item) for key, item in value.items()}
         return value
 
     return ZooModel(zoo.model, take(zoo.inputs), take(zoo.targets), zoo.loss_fn)
@@ -104,9 +109,13 @@ def _as_zoo_model(result: Any, spec: str) -> ZooModel:
     model, inputs, targets, loss_fn = result
     if not isinstance(model, nn.Module):
         raise ModelLoadError(f"the factory {spec} returned a {type(model).__name__} as model; expected nn.Module")
-    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
-    if not inputs or not all(isinstance(x, torch.Tensor) and x.dim() > 0 for x in inputs):
-        raise ModelLoadError(f"the factory {spec} must return inputs as a tensor or a tuple of tensors, batch first")
+    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else inputs
+    try:
+        as_model_inputs(inputs).batch_size()
+    except GraphCaptureError as err:
+        raise ModelLoadError(
+            f"the factory {spec} must return inputs as a tensor, a tuple (positional arguments), a dict (keyword "
+            f"arguments) or graphpipe.ModelInputs(args=..., kwargs=...), with the batch first: {err}") from err
     if not callable(loss_fn):
         raise ModelLoadError(f"the factory {spec} returned a loss_fn that is not callable")
     return ZooModel(model, inputs, targets, loss_fn)

@@ -8,22 +8,25 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from graphpipe.model_inputs import ModelInputs, as_model_inputs
+
 
 class ZooModel(NamedTuple):
     """A model with one example batch: unpacks as `model, inputs, targets, loss_fn`.
 
-    `inputs` is a tuple of tensors with the batch first; `loss_fn(outputs, targets)` returns the
-    mean loss over the batch as a scalar.
+    `inputs` holds the forward's arguments with the batch first: a tuple (positional), a dict
+    (keyword) or `ModelInputs` (both); `loss_fn(outputs, targets)` returns the mean loss over the
+    batch as a scalar.
     """
 
     model: nn.Module
-    inputs: tuple[torch.Tensor, ...]
+    inputs: Any
     targets: Any
     loss_fn: Callable[[Any, Any], torch.Tensor]
 
     @property
     def batch_size(self) -> int:
-        return int(self.inputs[0].shape[0])
+        return as_model_inputs(self.inputs).batch_size()
 
 
 class ExampleData:
@@ -52,10 +55,14 @@ class ExampleData:
 def to_device(zoo: ZooModel, device: torch.device) -> ZooModel:
     """The same model and batch on `device` (the model is moved in place)."""
     def move(value: Any) -> Any:
+        if isinstance(value, ModelInputs):
+            return value.map_tensors(lambda t: t.to(device))
         if isinstance(value, torch.Tensor):
             return value.to(device)
         if isinstance(value, (tuple, list)):
             return type(value)(move(item) for item in value)
+        if isinstance(value, dict):
+            return {key: move(item) for key, item in value.items()}
         return value
 
     return ZooModel(zoo.model.to(device), move(zoo.inputs), move(zoo.targets), zoo.loss_fn)

@@ -9,9 +9,11 @@ that its stage graph is the chain a sequential pipeline runs.
 
 from __future__ import annotations
 
-import heapq
+from typing import Any
 
 from graphpipe.errors import PlanningError
+from graphpipe.graph.op_graph import FREE_KINDS, OpGraph
+from graphpipe.graph.toposort import priority_topological_order
 from graphpipe.planner.in_flight import in_flight_samples
 from graphpipe.planner.memory import stage_memory_bytes
 from graphpipe.planner.placement import place
@@ -22,22 +24,8 @@ from graphpipe.planner.stage_spec import Partition, StageSpec
 
 def _topological(specs: tuple[StageSpec, ...], index_of: dict[str, int],
                  links: set[tuple[int, int]]) -> list[int]:
-    succ: dict[int, list[int]] = {idx: [] for idx in range(len(specs))}
-    indeg = dict.fromkeys(range(len(specs)), 0)
-    for src, dst in links:
-        succ[src].append(dst)
-        indeg[dst] += 1
     first = [min(index_of[op] for op in spec.ops) for spec in specs]
-    ready = [(first[idx], idx) for idx, deg in indeg.items() if deg == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        _, idx = heapq.heappop(ready)
-        order.append(idx)
-        for nxt in succ[idx]:
-            indeg[nxt] -= 1
-            if not indeg[nxt]:
-                heapq.heappush(ready, (first[nxt], nxt))
+    order = priority_topological_order(range(len(specs)), sorted(links), first.__getitem__)
     if len(order) != len(specs):
         raise PlanningError("the stages form a cycle: some stage is not convex")
     return order
@@ -82,7 +70,15 @@ def build_plan(model: CostModel, partition: Partition, planner: str) -> Plan:
                 num_devices=model.cluster.num_devices, planner=planner, predicted_tps_ms=bottleneck,
                 predicted_samples_per_s=1e3 / bottleneck if bottleneck > 0 else 0.0,
                 lower_bound_samples_per_s=lower_bound_samples_per_s(model, specs),
-                cluster=model.cluster.to_dict())
+                cluster=model.cluster.to_dict(), **runtime_contract(graph))
+
+
+def runtime_contract(graph: OpGraph) -> dict[str, Any]:
+    """The Plan fields the runtime needs from the op graph: capture method, replicated ops, input batch axes."""
+    axes = {name: (graph.op(name).outputs[0].batch_axis if graph.op(name).outputs else None)
+            for name in graph.inputs}
+    computed = tuple(op.name for op in graph.ops if op.replicated and op.kind not in FREE_KINDS)
+    return {"capture": graph.capture, "replicated": computed, "input_batch_axes": axes}
 
 
 def lower_bound_samples_per_s(model: CostModel, specs: tuple[StageSpec, ...]) -> float:

@@ -8,7 +8,7 @@ from functools import cached_property
 from graphpipe.cost.cluster import Cluster
 from graphpipe.cost.cost_table import CostTable
 from graphpipe.graph.op_graph import OpGraph
-from graphpipe.graph.sp import SPChain, SPLeaf, sp_decompose
+from graphpipe.graph.sp import SPChain, SPLeaf, sp_decompose, stage_units
 from graphpipe.planner.stage_cost import CostModel
 
 
@@ -38,5 +38,6 @@ class PlanRequest:
 
     @cached_property
     def chain_tree(self) -> SPChain:
-        """The graph linearised in topological order: one chain of single-op items."""
-        return SPChain(items=tuple(SPLeaf(ops=(name,)) for name in self.graph.names))
+        """The graph linearised in topological order: one chain of units (single ops, except the ops that
+        must share a stage and the replicated ops riding with their readers: `stage_units`)."""
+        return SPChain(items=tuple(SPLeaf(ops=ops) for ops in stage_units(self.graph).ops))

@@ -85,8 +85,9 @@ class CostModel:
             cost = costs.at(op, ref)
             self.out_bytes_per_sample[op] = cost.output_bytes / ref
             self.param_bytes[op] = cost.param_bytes
-        self.preds = {op: graph.predecessors(op) for op in graph.names}
-        self.succs = {op: graph.successors(op) for op in graph.names}
+        # data edges only: a replicated value (an input, a mask, a size) is computed by every stage reading it
+        self.preds = {op: graph.data_predecessors(op) for op in graph.names}
+        self.succs = {op: graph.data_successors(op) for op in graph.names}
 
     def op_at(self, op: str, batch: float) -> tuple[float, float, float]:
         """(fwd_ms, bwd_ms, act_bytes) of `op` on `batch` samples, cached."""
@@ -133,7 +134,7 @@ class CostModel:
 def crossing_tensors(graph: OpGraph, stage_of: Mapping[str, int]) -> dict[tuple[int, int], tuple[str, ...]]:
     """(src stage, dst stage) -> producer ops whose outputs cross, in topological order."""
     found: dict[tuple[int, int], dict[str, None]] = {}
-    for src, dst in graph.edges():
+    for src, dst in graph.data_edges():
         a, b = stage_of[src], stage_of[dst]
         if a != b:
             found.setdefault((a, b), {})[src] = None

@@ -104,6 +104,11 @@ class Plan(JsonFile):
     # How to rebuild the model and its costs (so `graphpipe simulate plan.json` needs no costs file):
     # {"model": zoo name or file.py:factory, "preset", "batch", "options", "leaf_modules", "device"}.
     model_spec: Mapping[str, Any] = field(default_factory=dict)
+    # The runtime's contract, from the op graph: how it was captured, which ops every reading stage
+    # computes itself (never sent), and the batch axis of each model input (None: passed whole).
+    capture: str = "fx"
+    replicated: tuple[str, ...] = ()
+    input_batch_axes: Mapping[str, int | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for pos, stage in enumerate(self.stages):
@@ -195,6 +200,8 @@ class Plan(JsonFile):
             "predicted_iteration_s": self.predicted_iteration_s,
             "lower_bound_samples_per_s": self.lower_bound_samples_per_s, "schedule": self.schedule,
             "cluster": dict(self.cluster), "notes": list(self.notes), "model_spec": dict(self.model_spec),
+            "capture": self.capture, "replicated": list(self.replicated),
+            "input_batch_axes": dict(self.input_batch_axes),
         }
 
     @classmethod
@@ -211,6 +218,8 @@ class Plan(JsonFile):
             lower_bound_samples_per_s=data.get("lower_bound_samples_per_s", 0.0),
             schedule=data.get("schedule", "1f1b"), cluster=dict(data.get("cluster", {})),
             notes=tuple(data.get("notes", ())), model_spec=dict(data.get("model_spec", {})),
+            capture=data.get("capture", "fx"), replicated=tuple(data.get("replicated", ())),
+            input_batch_axes=dict(data.get("input_batch_axes", {})),
         )
 
     def __str__(self) -> str:

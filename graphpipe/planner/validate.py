@@ -1,7 +1,8 @@
 """`validate_plan`: the invariants every planner's answer must keep (PAPER.md §2).
 
-Every op in exactly one stage; stages convex (no path leaves a stage and comes back);
-stage edges equal the op edges that cross stages, with the right producer ops (edges with
+Every op in exactly one stage; stages convex (no path of data edges leaves a stage and comes
+back: a replicated op is computed by every stage that reads it); stage edges equal the data
+edges that cross stages, with the right producer ops (edges with
 no tensors are ordering edges of sequential plans); devices partitioned; in-flight counts
 follow the rule of §3; every stage's predicted memory fits.
 """
@@ -33,6 +34,27 @@ def validate_plan(plan: Plan, graph: OpGraph, cluster: Cluster | None = None,
                     f"{limit / 2**30:.2f} GiB: use a smaller micro-batch or more devices")
 
 
+def check_runtime_rules(plan: Plan, graph: OpGraph) -> None:
+    """Raise PlanValidationError if the runtime would refuse `plan`: what crosses a stage boundary must be
+    one tensor with the batch first, and a trainable parameter lives in exactly one stage."""
+    for edge in plan.edges:
+        for name in edge.tensors:
+            op = graph.op(name)
+            if not op.can_cross:
+                kind = "not one tensor" if not op.is_tensor else "a tensor without the batch as its first dimension"
+                raise PlanValidationError(f"value {name!r} crosses from stage {edge.src} to stage {edge.dst} but is "
+                                          f"{kind}; the runtime cannot send it")
+    stage_of = {op: stage.idx for stage in plan.stages for op in stage.ops}
+    for op in graph.ops:
+        for param in op.params:
+            if param.is_buffer:
+                continue
+            stages = {stage_of[name] for name in (op.name, *param.shared_with) if name in stage_of}
+            if len(stages) > 1:
+                raise PlanValidationError(f"parameter {param.name!r} is read by stages {sorted(stages)}; a parameter "
+                                          "lives in exactly one stage")
+
+
 def _check_cover(plan: Plan, graph: OpGraph) -> dict[str, int]:
     stage_of: dict[str, int] = {}
     for stage in plan.stages:
@@ -53,13 +75,13 @@ def _check_convex(plan: Plan, graph: OpGraph, stage_of: dict[str, int]) -> None:
     desc: dict[str, int] = {}
     for name in reversed(graph.names):
         bits = 1 << pos[name]
-        for succ in graph.successors(name):
+        for succ in graph.data_successors(name):
             bits |= desc[succ]
         desc[name] = bits
     anc: dict[str, int] = {}
     for name in graph.names:
         bits = 1 << pos[name]
-        for pred in graph.predecessors(name):
+        for pred in graph.data_predecessors(name):
             bits |= anc[pred]
         anc[name] = bits
     for stage in plan.stages:

@@ -123,7 +123,8 @@ class StageExecutor:
     def _forward(self, micro_batch: int) -> None:
         state = self._state(micro_batch)
         start, stop = self._my_rows(micro_batch)
-        data = {name: _rows(self._data[name], start, stop) for name in self.spec.data_inputs}
+        axes = self.spec.data_batch_axes
+        data = {name: _rows(self._data[name], start, stop, axes.get(name, 0)) for name in self.spec.data_inputs}
         for name in self.spec.inputs:
             pieces = sorted(state.received.pop(name, []), key=lambda item: item[0])
             if sum(t.shape[0] for _, t in pieces) != stop - start:
@@ -254,14 +255,17 @@ class StageExecutor:
         return self._known[(peer, name)]
 
 
-def _rows(value: Any, start: int, stop: int) -> Any:
-    """Rows [start, stop) of a batch-first tensor, or of every tensor in a tuple, list or dict."""
+def _rows(value: Any, start: int, stop: int, axis: int | None = 0) -> Any:
+    """Samples [start, stop) along `axis` of a tensor, or of every tensor in a tuple, list or dict;
+    a value without a batch axis (None) is passed whole."""
+    if axis is None:
+        return value
     if isinstance(value, torch.Tensor):
-        return value[start:stop]
+        return value.narrow(axis, start, stop - start)
     if isinstance(value, (tuple, list)):
-        return type(value)(_rows(item, start, stop) for item in value)
+        return type(value)(_rows(item, start, stop, axis) for item in value)
     if isinstance(value, dict):
-        return {key: _rows(item, start, stop) for key, item in value.items()}
+        return {key: _rows(item, start, stop, axis) for key, item in value.items()}
     return value
 
 

@@ -6,8 +6,12 @@ receives from earlier stages, in that order, and returns a dict: every value a l
 stage reads, plus, on the sink stage (the one owning the `output` op), the model output
 under `MODEL_OUTPUT`.
 
-Placeholders and `get_attr` nodes are free: they are copied into every stage that reads
-them instead of being sent (every rank holds the data and the module tree).
+Placeholders, `get_attr` nodes and the plan's replicated ops (sizes, masks, position ids:
+`graphpipe.graph.replication`) are free: every stage that reads them computes them itself
+instead of receiving them (every rank holds the data and the module tree). Model inputs
+without a batch axis are passed whole, the others cut by sample. A received value that the
+stage changes in place (`nn.ReLU(inplace=True)` as its first op) is cloned first, so the
+tensor autograd tracks for the sender is never overwritten.
 
 Shared parameters: a parameter lives in exactly one stage. A parameter read by ops of two
 stages (a module called twice, tied weights) is rejected when the stages are built, with
@@ -16,7 +20,7 @@ a message naming the parameter and the stages; put those ops in one stage.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,10 +29,16 @@ import torch.fx
 from torch import nn
 
 from graphpipe.errors import TrainingError
+from graphpipe.graph.capture import CapturedModule
 from graphpipe.planner.stage_graph import Plan
 
 MODEL_OUTPUT = "__model_output__"
 _FREE_OPS = ("placeholder", "get_attr")
+_INPLACE_OPERATORS = frozenset({"iadd", "isub", "imul", "itruediv", "setitem"})
+
+
+def _identity(value: Any) -> Any:
+    return value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,6 +55,8 @@ class StageSpec:
     param_names: tuple[str, ...] = ()  # original model names
     buffer_names: tuple[str, ...] = ()
     is_sink: bool = False
+    free_nodes: tuple[str, ...] = ()  # replicated nodes this stage computes for itself
+    data_batch_axes: Mapping[str, int | None] = field(default_factory=dict)  # data input -> axis cut by sample
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,10 +65,13 @@ class StageModule:
 
     spec: StageSpec
     module: torch.fx.GraphModule
+    output_fn: Callable[[Any], Any] = _identity  # rebuilds the model's output object on the sink
 
     def __call__(self, data: Mapping[str, Any], received: Mapping[str, Any]) -> dict[str, Any]:
         args = [data[name] for name in self.spec.data_inputs] + [received[name] for name in self.spec.inputs]
         result: dict[str, Any] = self.module(*args)
+        if MODEL_OUTPUT in result:
+            result[MODEL_OUTPUT] = self.output_fn(result[MODEL_OUTPUT])
         return result
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
@@ -68,44 +83,71 @@ class StageModule:
         return [(name, buffers[name]) for name in self.spec.buffer_names]
 
 
-def split_stages(gm: torch.fx.GraphModule, plan: Plan) -> tuple[StageModule, ...]:
-    """One StageModule per plan stage; raises TrainingError when the plan does not fit `gm`."""
+def split_stages(source: CapturedModule | torch.fx.GraphModule, plan: Plan) -> tuple[StageModule, ...]:
+    """One StageModule per plan stage; raises TrainingError when the plan does not fit the captured model."""
+    gm = source.module if isinstance(source, CapturedModule) else source
+    output_fn = source.model_output if isinstance(source, CapturedModule) else _identity
     specs = stage_specs(gm, plan)
-    return tuple(StageModule(spec=spec, module=_stage_graph_module(gm, spec)) for spec in specs)
+    return tuple(StageModule(spec=spec, module=_stage_graph_module(gm, spec), output_fn=output_fn)
+                 for spec in specs)
 
 
 def stage_specs(gm: torch.fx.GraphModule, plan: Plan) -> tuple[StageSpec, ...]:
     stage_of = _stage_of_nodes(gm, plan)
     nodes = list(gm.graph.nodes)
+    free = _free_nodes(gm, plan)
+    by_name = {node.name: node for node in nodes}
     num_stages = plan.num_stages
     computed: list[list[str]] = [[] for _ in range(num_stages)]
-    data_inputs: list[dict[str, None]] = [{} for _ in range(num_stages)]
+    needs: list[dict[str, None]] = [{} for _ in range(num_stages)]  # free nodes each stage reads
     crossing: dict[tuple[int, int], dict[str, None]] = {}
     for node in nodes:
-        if node.op in _FREE_OPS:
+        if node.name in free:
             continue
         dst = stage_of[node.name]
         computed[dst].append(node.name)
         for src_node in node.all_input_nodes:
-            if src_node.op == "placeholder":
-                data_inputs[dst][src_node.name] = None
-            elif src_node.op != "get_attr" and stage_of[src_node.name] != dst:
+            if src_node.name in free:
+                needs[dst][src_node.name] = None
+            elif stage_of[src_node.name] != dst:
                 _check_edge(plan, stage_of[src_node.name], dst, src_node.name, node.name)
                 crossing.setdefault((stage_of[src_node.name], dst), {})[src_node.name] = None
     order = {node.name: idx for idx, node in enumerate(nodes)}
     params, buffers = _owned_tensors(gm, stage_of, num_stages)
-    placeholders = [node.name for node in nodes if node.op == "placeholder"]
     sink = stage_of[next(node.name for node in nodes if node.op == "output")]
+    axes = {node.name: plan.input_batch_axes.get(node.name, 0) for node in nodes if node.op == "placeholder"}
     specs = []
     for idx in range(num_stages):
         recvs = {src: tuple(vals) for (src, dst), vals in sorted(crossing.items()) if dst == idx}
         sends = {dst: tuple(vals) for (src, dst), vals in sorted(crossing.items()) if src == idx}
+        closure = _free_closure(by_name, needs[idx], free)
+        data_inputs = tuple(name for name in axes if name in closure)
         specs.append(StageSpec(
-            stage_idx=idx, nodes=tuple(computed[idx]),
-            data_inputs=tuple(name for name in placeholders if name in data_inputs[idx]),
+            stage_idx=idx, nodes=tuple(computed[idx]), data_inputs=data_inputs,
             inputs=_sorted_union(recvs.values(), order), outputs=_sorted_union(sends.values(), order),
-            recvs=recvs, sends=sends, param_names=params[idx], buffer_names=buffers[idx], is_sink=idx == sink))
+            recvs=recvs, sends=sends, param_names=params[idx], buffer_names=buffers[idx], is_sink=idx == sink,
+            free_nodes=tuple(name for name in order if name in closure and name not in axes),
+            data_batch_axes={name: axes[name] for name in data_inputs}))
     return tuple(specs)
+
+
+def _free_nodes(gm: torch.fx.GraphModule, plan: Plan) -> frozenset[str]:
+    """Nodes every reading stage computes itself: inputs, parameter reads and the plan's replicated ops."""
+    replicated = set(plan.replicated)
+    return frozenset(node.name for node in gm.graph.nodes if node.op in _FREE_OPS or node.name in replicated)
+
+
+def _free_closure(by_name: Mapping[str, torch.fx.Node], wanted: Mapping[str, None], free: frozenset[str]) -> set[str]:
+    """The free nodes `wanted` and every free node they read, transitively."""
+    closure: set[str] = set()
+    stack = list(wanted)
+    while stack:
+        name = stack.pop()
+        if name in closure:
+            continue
+        closure.add(name)
+        stack.extend(src.name for src in by_name[name].all_input_nodes if src.name in free)
+    return closure
 
 
 def _stage_of_nodes(gm: torch.fx.GraphModule, plan: Plan) -> dict[str, int]:
@@ -186,19 +228,44 @@ def _get_attr(gm: torch.fx.GraphModule, target: str) -> Any:
 def _stage_graph_module(gm: torch.fx.GraphModule, spec: StageSpec) -> torch.fx.GraphModule:
     graph = torch.fx.Graph()
     env: dict[str, torch.fx.Node] = {}
-    for name in spec.data_inputs + spec.inputs:
-        env[name] = graph.placeholder(name)
+    entries = spec.data_inputs + spec.inputs
     mine = set(spec.nodes)
+    here = mine | set(spec.free_nodes)
+    mutated = _mutated_entries(gm, set(entries), here)
+    for name in entries:
+        env[name] = graph.placeholder(name)
+        if name in mutated:  # never overwrite a received tensor (a leaf of autograd) or the caller's data
+            env[name] = graph.call_method("clone", (env[name],))
     model_output: Any = None
     for node in gm.graph.nodes:
-        if node.op == "get_attr" and any(user.name in mine for user in node.users):
+        if node.op == "get_attr" and any(user.name in here for user in node.users):
             env[node.name] = graph.node_copy(node, lambda n: env[n.name])
         elif node.name in mine and node.op == "output":
             model_output = torch.fx.map_arg(node.args[0], lambda n: env[n.name])
-        elif node.name in mine:
+        elif node.name in here and node.op != "placeholder":
             env[node.name] = graph.node_copy(node, lambda n: env[n.name])
     result: dict[str, Any] = {name: env[name] for name in spec.outputs}
     if spec.is_sink:
         result[MODEL_OUTPUT] = model_output
     graph.output(result)
     return torch.fx.GraphModule(gm, graph, f"Stage{spec.stage_idx}")
+
+
+def _mutated_entries(gm: torch.fx.GraphModule, entries: set[str], here: set[str]) -> set[str]:
+    """Stage entries (received values, data) that an op of this stage changes in place."""
+    found = set()
+    for node in gm.graph.nodes:
+        if node.name in here and node.args and isinstance(node.args[0], torch.fx.Node) \
+                and node.args[0].name in entries and _is_inplace(gm, node):
+            found.add(node.args[0].name)
+    return found
+
+
+def _is_inplace(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    if node.kwargs.get("inplace") is True:
+        return True
+    if node.op == "call_module":
+        return getattr(gm.get_submodule(str(node.target)), "inplace", False) is True
+    target = node.target
+    name = str(getattr(target, "__name__", target)).split(".")[0]
+    return name in _INPLACE_OPERATORS or (name.endswith("_") and not name.startswith("_"))

@@ -1,9 +1,10 @@
 """PipelineTrainer: train a planned stage graph, one process per rank, with single-device numerics.
 
-Every rank builds the whole model (same seed), traces it, and keeps the stage its rank
-belongs to; the optimizer only sees that stage's parameters. One `step` runs the rank's
-action list for the mini-batch, all-reduces gradients inside the stage's data-parallel
-group, steps the optimizer once, and returns the mini-batch mean loss on every rank.
+Every rank builds the whole model (same seed), captures it the way the plan's graph was
+captured (fx or torch.export, from `example_inputs`), and keeps the stage its rank belongs
+to; the optimizer only sees that stage's parameters. One `step` runs the rank's action list
+for the mini-batch, all-reduces gradients inside the stage's data-parallel group, steps the
+optimizer once, and returns the mini-batch mean loss on every rank.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from graphpipe.errors import ScheduleError, TrainingError
+from graphpipe.errors import GraphCaptureError, ScheduleError, TrainingError
+from graphpipe.graph.capture import CapturedModule, capture_module
+from graphpipe.graph.prune import prune_graph
 from graphpipe.graph.tracer import trace_module
 from graphpipe.planner.stage_graph import Plan
 from graphpipe.runtime.checkpoint import load_stage, save_stage
@@ -34,12 +37,14 @@ class PipelineTrainer:
     `transport` and `rank` replace torch.distributed (single-process tests with an
     `InMemoryHub`); otherwise a process group must be initialised and its size must equal
     the plan's world size. Data-parallel groups are created for every stage with more than
-    one rank, in stage order, on every rank.
+    one rank, in stage order, on every rank. `example_inputs` (one batch, as given to
+    `gp.capture`) is needed for a plan captured with torch.export or from keyword or partial
+    inputs; without it the model is traced with fx, one input per forward argument.
     """
 
     def __init__(self, model: nn.Module, plan: Plan, *, optimizer: OptimizerFactory, loss_fn: LossFn,
                  schedule: str | Schedule = "1f1b", leaf_modules: Iterable[type | str] = (),
-                 device: torch.device | str | None = None, process_group: Any = None,
+                 example_inputs: Any = None, device: torch.device | str | None = None, process_group: Any = None,
                  transport: Transport | None = None, rank: int | None = None) -> None:
         self.plan = plan
         self.device = torch.device(device) if device is not None else _default_device()
@@ -49,9 +54,10 @@ class PipelineTrainer:
         self.rank = rank
         self.transport = transport
         self.stage_info = plan.stage_of_rank(rank)
-        traced = trace_module(model, leaf_modules)
+        self.captured = _capture(model, plan, example_inputs, leaf_modules)
+        traced = self.captured.module if isinstance(self.captured, CapturedModule) else self.captured
         self.input_names = tuple(node.name for node in traced.graph.nodes if node.op == "placeholder")
-        self.stage: StageModule = split_stages(traced, plan)[self.stage_info.idx]
+        self.stage: StageModule = split_stages(self.captured, plan)[self.stage_info.idx]
         self.stage.module.to(self.device)
         self.schedule = _make_schedule(plan, schedule)
         self.actions: tuple[Action, ...] = self.schedule.for_stage(self.stage_info.idx)
@@ -96,16 +102,25 @@ class PipelineTrainer:
         return float(total.item())
 
     def _named_inputs(self, inputs: Any) -> dict[str, Any]:
-        values = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-        names = self.input_names
-        if len(values) != len(names):
-            raise TrainingError(f"the model takes {len(names)} inputs ({', '.join(names)}), step got {len(values)}")
-        for value in values:
-            if isinstance(value, torch.Tensor) and value.shape[0] != self.plan.global_batch_size:
+        if isinstance(self.captured, CapturedModule):
+            try:
+                named = self.captured.bind(inputs)
+            except GraphCaptureError as err:
+                raise TrainingError(str(err)) from err
+        else:
+            values = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+            if len(values) != len(self.input_names):
+                raise TrainingError(f"the model takes {len(self.input_names)} inputs "
+                                    f"({', '.join(self.input_names)}), step got {len(values)}")
+            named = dict(zip(self.input_names, values))
+        for name, value in named.items():
+            axis = self.plan.input_batch_axes.get(name, 0)
+            batch = self.plan.global_batch_size
+            if isinstance(value, torch.Tensor) and axis is not None and value.shape[axis] != batch:
                 raise TrainingError(f"the plan trains mini-batches of {self.plan.global_batch_size} samples, "
-                                    f"step got an input with {value.shape[0]}; pass the planned batch size")
+                                    f"step got input {name!r} with {value.shape[axis]}; pass the planned batch size")
         wanted = set(self.stage.spec.data_inputs)
-        return {name: _to(value, self.device) for name, value in zip(names, values) if name in wanted}
+        return {name: _to(value, self.device) for name, value in named.items() if name in wanted}
 
     def _optimizer_step(self) -> None:
         if self.optimizer is not None:
@@ -143,6 +158,20 @@ class PipelineTrainer:
         token = torch.zeros(1, device=self.device)
         self.transport.all_reduce_sum_(token, tuple(range(self.plan.world_size)))
         self.transport.flush()
+
+
+def _capture(model: nn.Module, plan: Plan, example_inputs: Any,
+             leaf_modules: Iterable[type | str]) -> CapturedModule | torch.fx.GraphModule:
+    """The model captured as the plan's graph was: the same method, so the same op names."""
+    if example_inputs is not None:
+        try:
+            return capture_module(model, example_inputs, leaf_modules=leaf_modules, method=plan.capture)
+        except GraphCaptureError as err:
+            raise TrainingError(f"capturing the model for training failed: {err}") from err
+    if plan.capture == "export":
+        raise TrainingError("the plan's graph was captured with torch.export; pass example_inputs= (one batch, "
+                            "as given to graphpipe.capture) so the model is captured the same way")
+    return prune_graph(trace_module(model, leaf_modules))
 
 
 def _make_schedule(plan: Plan, schedule: str | Schedule) -> Schedule:

@@ -59,7 +59,7 @@ def test_summary_counts_ops_parameters_and_activations() -> None:
     # 6 Linear + 6 ReLU of width 8, the cat of 24 and the head of 8, float32
     assert summary.act_bytes_per_sample == 4 * (12 * 8 + 24 + 8)
     assert summary.max_branches == 3
-    assert summary.to_dict()["branches"][0]["chain_lengths"] == [5, 5, 5]
+    assert summary.to_dict()["branches"][0]["chain_lengths"] == [4, 4, 4]  # 2 x (Linear, ReLU); inputs are read
 
 
 def test_summary_separates_buffers_from_parameters() -> None:

@@ -31,9 +31,17 @@ def test_planner_output_is_valid() -> None:
 
 
 def test_valid_hand_made_plan() -> None:
+    """The input x is read from the data by every stage that needs it: no edge carries it."""
+    plan = plan_of([("x", "b0_0"), ("b1_0",), ("cat", "head", "output")],
+                   [(0, 2, ("b0_0",)), (1, 2, ("b1_0",))], [2, 2, 1])
+    validate_plan(plan, GRAPH)
+
+
+def test_an_edge_carrying_a_model_input_is_refused() -> None:
     plan = plan_of([("x", "b0_0"), ("b1_0",), ("cat", "head", "output")],
                    [(0, 1, ("x",)), (0, 2, ("b0_0",)), (1, 2, ("b1_0",))], [3, 2, 1])
-    validate_plan(plan, GRAPH)
+    with pytest.raises(PlanValidationError, match="carries"):
+        validate_plan(plan, GRAPH)
 
 
 def test_missing_op() -> None:
@@ -43,7 +51,7 @@ def test_missing_op() -> None:
 
 
 def test_not_convex() -> None:
-    plan = plan_of([("x", "cat", "head", "output"), ("b0_0", "b1_0")], [(0, 1, ("x",))])
+    plan = plan_of([("x", "b0_0", "head", "output"), ("b1_0", "cat")], [(0, 1, ("b0_0",))])
     with pytest.raises(PlanValidationError, match="not convex"):
         validate_plan(plan, GRAPH)
 
@@ -57,7 +65,7 @@ def test_wrong_edge_tensors() -> None:
 
 def test_wrong_in_flight() -> None:
     plan = plan_of([("x", "b0_0"), ("b1_0",), ("cat", "head", "output")],
-                   [(0, 1, ("x",)), (0, 2, ("b0_0",)), (1, 2, ("b1_0",))], [1, 1, 1])
+                   [(0, 2, ("b0_0",)), (1, 2, ("b1_0",))], [1, 1, 1])
     with pytest.raises(PlanValidationError, match="in-flight"):
         validate_plan(plan, GRAPH)
 

@@ -108,7 +108,7 @@ def _stage_dag(request: PlanRequest, blocks: list[list[str]]) -> dict[int, tuple
     graph = request.graph
     block_of = {op: idx for idx, block in enumerate(blocks) for op in block}
     succ: dict[int, set[int]] = {idx: set() for idx in range(len(blocks))}
-    for src, dst in graph.edges():
+    for src, dst in graph.data_edges():
         if block_of[src] != block_of[dst]:
             succ[block_of[src]].add(block_of[dst])
     order: list[int] = []

@@ -1,6 +1,8 @@
 """The Piper planner (PAPER.md §7): a DP over the downsets (ideals) of the DAG.
 
-A stage is the difference J \\ I of two downsets I ⊂ J, so every stage is convex and the
+Downsets are taken over the graph's units (`graphpipe.graph.sp.stage_units`: replicated ops ride
+with their readers, ops that must share a stage are one unit). A stage is the difference
+J \\ I of two downsets I ⊂ J, so every stage is convex and the
 stages form a chain; each stage gets its own data-parallel degree; memory is
 a · in-flight + b per stage (activations per micro-batch times the 1F1B in-flight count of
 a chain, plus weights, gradients and optimizer state). The number of downsets grows
@@ -16,6 +18,7 @@ import time
 import numpy as np
 
 from graphpipe.errors import PlanningError
+from graphpipe.graph.sp import stage_units
 from graphpipe.planner.baselines.chain_dp import empty, in_flight_cap, relax
 from graphpipe.planner.partitioner import divisors_up_to
 from graphpipe.planner.request import PlanRequest
@@ -28,8 +31,9 @@ DEFAULT_TIME_LIMIT_S = 60.0
 def enumerate_downsets(request: PlanRequest, max_downsets: int, deadline: float) -> list[int]:
     """Every downward-closed op set as a bitmask over topological positions, largest first."""
     graph = request.graph
-    pos = {name: idx for idx, name in enumerate(graph.names)}
-    pred_mask = [sum(1 << pos[p] for p in graph.predecessors(name)) for name in graph.names]
+    units = stage_units(graph)
+    pos = {key: idx for idx, key in enumerate(units.keys)}
+    pred_mask = [sum(1 << pos[p] for p in units.preds[key]) for key in units.keys]
     seen = {0}
     frontier = [0]
     while frontier:
@@ -65,7 +69,7 @@ def plan_piper(request: PlanRequest) -> list[Partition]:
 
 def _solve(request: PlanRequest, downsets: list[int], size: int, deadline: float,
            limit_s: float) -> list[StageSpec] | None:
-    names = request.graph.names
+    units = stage_units(request.graph).ops
     model, num_devices = request.model, request.num_devices
     degrees = divisors_up_to(size, num_devices)
     full = downsets[0]
@@ -81,7 +85,7 @@ def _solve(request: PlanRequest, downsets: list[int], size: int, deadline: float
             if upper & lower != lower:
                 continue
             diff = upper ^ lower
-            ops = [names[idx] for idx in range(diff.bit_length()) if diff >> idx & 1]
+            ops = [op for idx in range(diff.bit_length()) if diff >> idx & 1 for op in units[idx]]
             for r in degrees:
                 cost = model.stage_cost(ops, r, size)
                 k_max = in_flight_cap(cost.param_bytes, cost.act_bytes, request.memory_limit,
@@ -95,7 +99,7 @@ def _solve(request: PlanRequest, downsets: list[int], size: int, deadline: float
     while lower != full:
         upper, r = tags[int(choice[lower][m, k])]
         diff = upper ^ lower
-        stage_ops = tuple(names[idx] for idx in range(diff.bit_length()) if diff >> idx & 1)
+        stage_ops = tuple(op for idx in range(diff.bit_length()) if diff >> idx & 1 for op in units[idx])
         stages.append(StageSpec(ops=stage_ops, num_devices=r, micro_batch_size=size))
         lower, m, k = upper, m - r, k - 1
     return stages

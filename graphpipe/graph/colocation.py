@@ -1,0 +1,104 @@
+"""Ops that must share a stage, as convex groups: the planner's constraints from the runtime's rules.
+
+Three rules, over the ops that are not replicated (`graphpipe.graph.replication`):
+
+- a value that cannot be sent (not one tensor, or no batch as its first dimension: a tuple
+  before its `getitem`s, a `[1, heads, q, k]` position bias made from a parameter) stays
+  with every op that reads it;
+- ops that read the same trainable parameter (tied embeddings, a module called twice) share
+  a stage: a parameter lives in exactly one stage;
+- an op with no data edge at all (an in-place update of a buffer, such as a step counter)
+  runs with the model output.
+
+A stage is convex, so each group is closed under "every op on a path between two members"
+(its convex hull); groups that overlap are merged, until nothing changes. Contracting each
+group to one node leaves a DAG, which is what the SP decomposition needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from graphpipe.graph.op_graph import OpGraph
+
+__all__ = ["colocation_groups"]
+
+
+def colocation_groups(graph: OpGraph) -> list[tuple[str, ...]]:
+    """Groups of two or more ops that must share a stage, each convex, in topological order."""
+    names = [op.name for op in graph.ops if not op.replicated]
+    parent = {name: name for name in names}
+
+    def find(name: str) -> str:
+        while parent[name] != name:
+            parent[name] = parent[parent[name]]
+            name = parent[name]
+        return name
+
+    def union(a: str, b: str) -> None:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb, key=graph.index)] = min(ra, rb, key=graph.index)
+
+    for a, b in _required_pairs(graph, names):
+        union(a, b)
+    while _close_hulls(graph, names, find, union):
+        pass
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(find(name), []).append(name)
+    return [tuple(group) for group in groups.values() if len(group) > 1]
+
+
+def _required_pairs(graph: OpGraph, names: list[str]) -> list[tuple[str, str]]:
+    live = set(names)
+    pairs: list[tuple[str, str]] = []
+    for name in names:
+        op = graph.op(name)
+        if op.kind != "output" and not op.can_cross:
+            pairs += [(name, reader) for reader in graph.data_successors(name)]
+        for param in op.params:
+            if not param.is_buffer:
+                pairs += [(name, other) for other in param.shared_with if other in live]
+        if op.kind != "output" and not graph.data_predecessors(name) and not graph.data_successors(name):
+            pairs.append((name, graph.output))
+    return pairs
+
+
+def _close_hulls(graph: OpGraph, names: list[str], find: Callable[[str], str],
+                 union: Callable[[str, str], None]) -> bool:
+    """Add every op on a path between two members of a group to it; True when something changed."""
+    pos = {name: idx for idx, name in enumerate(names)}
+    below = _reach(graph, names, pos, forward=True)
+    above = _reach(graph, names, pos, forward=False)
+    members: dict[str, int] = {}
+    for name in names:
+        members[find(name)] = members.get(find(name), 0) | 1 << pos[name]
+    changed = False
+    for root, mask in members.items():
+        if mask & (mask - 1) == 0:
+            continue
+        down = up = mask
+        for name in names:
+            if mask >> pos[name] & 1:
+                down |= below[name]
+                up |= above[name]
+        extra = (down & up) & ~mask
+        while extra:
+            low = extra & -extra
+            union(root, names[low.bit_length() - 1])
+            extra ^= low
+            changed = True
+    return changed
+
+
+def _reach(graph: OpGraph, names: list[str], pos: dict[str, int], *, forward: bool) -> dict[str, int]:
+    """Bitsets of the ops reachable from each op along data edges (descendants, or ancestors)."""
+    reach: dict[str, int] = {}
+    for name in (reversed(names) if forward else names):
+        nexts = graph.data_successors(name) if forward else graph.data_predecessors(name)
+        mask = 0
+        for other in nexts:
+            mask |= reach[other] | 1 << pos[other]
+        reach[name] = mask
+    return reach

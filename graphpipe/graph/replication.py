@@ -1,0 +1,74 @@
+"""Which ops every stage recomputes instead of receiving: the rule the planner and the runtime share.
+
+Only tensors with the batch as their first dimension can be sent between stages (the runtime
+cuts them by sample). Many values of real models are not such tensors: sizes read from an
+input (`sym_size`, `x.shape[0]`), position ids from `arange`, attention masks, rotary tables.
+They are cheap and depend on nothing but the model inputs and the parameters' storage, so
+every stage that reads one computes it itself:
+
+- model inputs (every rank reads the data) and parameter or buffer reads are replicated;
+- an op is replicated when all its inputs are, it reads no trainable parameter (its gradient
+  would be counted once per copy), it is not random (each copy would draw other numbers) and
+  it mutates nothing (`add_`, `copy_`, `x += y`).
+
+Replicated ops carry no message, order no stages and join no branches. What remains is
+either a batch-first tensor (it may cross a stage boundary) or a value that must stay with
+its readers (`graphpipe.graph.colocation`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from graphpipe.graph.op_graph import FREE_KINDS, OpNode
+
+__all__ = ["is_mutating", "is_random", "mark_replicated", "trainable_param_readers"]
+
+_RANDOM_PARTS = ("dropout", "rand", "bernoulli", "multinomial", "normal_", "uniform_", "Dropout")
+_INPLACE_OPERATORS = frozenset({"iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "iand", "ior",
+                                "ixor", "ilshift", "irshift", "imatmul", "setitem"})
+
+
+def mark_replicated(ops: Sequence[OpNode]) -> tuple[OpNode, ...]:
+    """The ops with `replicated` set by the rule above (ops in topological order)."""
+    readers = trainable_param_readers(ops)
+    free: set[str] = set()
+    out = []
+    for op in ops:
+        flag = op.kind in FREE_KINDS or (
+            op.kind in ("call_function", "call_method") and op.name not in readers
+            and not is_mutating(op) and not is_random(op) and all(src in free for src in op.inputs))
+        if flag:
+            free.add(op.name)
+        out.append(op if op.replicated == flag else replace(op, replicated=flag))
+    return tuple(out)
+
+
+def trainable_param_readers(ops: Sequence[OpNode]) -> set[str]:
+    """Ops that read a parameter with a gradient (owners and the ops it is shared with)."""
+    readers: set[str] = set()
+    for op in ops:
+        for param in op.params:
+            if not param.is_buffer:
+                readers.add(op.name)
+                readers.update(param.shared_with)
+    return readers
+
+
+def is_mutating(op: OpNode) -> bool:
+    """An in-place op: its name ends in `_` (`add_`, `relu_`, `copy_`), an augmented assignment, or inplace=True."""
+    base = _base_name(op)
+    if base in _INPLACE_OPERATORS or op.attrs.get("inplace") is True:
+        return True
+    return base.endswith("_") and not base.startswith("__") and not base.startswith("_")
+
+
+def is_random(op: OpNode) -> bool:
+    name = op.module_type or op.target
+    return any(part in name for part in _RANDOM_PARTS)
+
+
+def _base_name(op: OpNode) -> str:
+    name = op.module_type or op.target.rsplit(".", 1)[-1]
+    return name.split(".")[0]

@@ -104,13 +104,13 @@ def capture_module(model: nn.Module, example_inputs: Any, *, leaf_modules: Itera
         try:
             return _captured_by_export(model, given, name)
         except GraphCaptureError as export_error:
-            raise GraphCaptureError(f"capture failed with both methods. fx: {fx_error} | export: {export_error}") \
-                from export_error
+            raise GraphCaptureError(f"neither torch.fx nor torch.export can capture {type(model).__name__}. "
+                                    f"[fx] {fx_error} [export] {export_error}") from export_error
 
 
 def _captured_by_fx(model: nn.Module, given: ModelInputs, leaf_modules: tuple[Any, ...],
                     name: str) -> CapturedModule:
-    gm = prune_graph(trace_module(model, leaf_modules, given=given))
+    gm = with_all_state(prune_graph(trace_module(model, leaf_modules, given=given)), model)
     signature = inspect.signature(type(model).forward)
     values = _bind_fx(gm, signature, given)
     graph = _op_graph(gm, model, given, list(values.values()), name=name, method="fx")
@@ -119,7 +119,7 @@ def _captured_by_fx(model: nn.Module, given: ModelInputs, leaf_modules: tuple[An
 
 def _captured_by_export(model: nn.Module, given: ModelInputs, name: str) -> CapturedModule:
     gm, in_spec, out_spec = export_module(model, given)
-    gm = prune_graph(gm)
+    gm = with_all_state(prune_graph(gm), model)
     input_names = tuple(node.name for node in gm.graph.nodes if node.op == "placeholder")
     flat = fx_pytree.tree_flatten_spec((tuple(given.args), dict(given.kwargs)), in_spec)
     if len(flat) != len(input_names):
@@ -128,6 +128,32 @@ def _captured_by_export(model: nn.Module, given: ModelInputs, name: str) -> Capt
     graph = _op_graph(gm, model, given, list(flat), name=name, method="export")
     return CapturedModule(module=gm, graph=graph, method="export", input_names=input_names, in_spec=in_spec,
                           out_spec=out_spec)
+
+
+def with_all_state(gm: torch.fx.GraphModule, model: nn.Module) -> torch.fx.GraphModule:
+    """`gm` holding every parameter and buffer of `model` under its own name, the unused ones too (a traced
+    module keeps only what its graph reads), so that a stage's state and a checkpoint cover the whole model."""
+    hold_tensors(gm, [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)])
+    return gm
+
+
+def hold_tensors(module: nn.Module, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Register each (name, tensor) on `module` under that dotted name, unless it is there already."""
+    held = {name for name, _ in module.named_parameters(remove_duplicate=False)}
+    held |= {name for name, _ in module.named_buffers(remove_duplicate=False)}
+    for name, tensor in named:
+        if name in held:
+            continue
+        owner_path, _, leaf = name.rpartition(".")
+        owner: nn.Module = module
+        for part in owner_path.split(".") if owner_path else ():
+            if not hasattr(owner, part):
+                owner.add_module(part, nn.Module())
+            owner = getattr(owner, part)
+        if isinstance(tensor, nn.Parameter):
+            owner.register_parameter(leaf, tensor)
+        else:
+            owner.register_buffer(leaf, tensor)
 
 
 def _op_graph(gm: torch.fx.GraphModule, model: nn.Module, given: ModelInputs, flat_inputs: list[Any], *,

@@ -11,6 +11,10 @@ names, and the flattened model output; `out_spec` rebuilds the output object (a
 from __future__ import annotations
 
 import inspect
+import io
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stderr
 from typing import Any
 
 import torch
@@ -33,8 +37,9 @@ def export_module(model: nn.Module, given: ModelInputs) -> tuple[torch.fx.GraphM
             f"capture with torch.export needs an example batch of at least 2 samples (got {batch}): with 1, "
             "export cannot tell the batch dimension from a constant; pass a larger example batch")
     try:
-        program = torch.export.export(model, tuple(given.args), dict(given.kwargs),
-                                      dynamic_shapes=_dynamic_shapes(model, given, batch), strict=False)
+        with _quiet_torch_logs():
+            program = torch.export.export(model, tuple(given.args), dict(given.kwargs),
+                                          dynamic_shapes=_dynamic_shapes(model, given, batch), strict=False)
     except Exception as err:
         raise GraphCaptureError(
             f"torch.export could not capture {type(model).__name__}: {type(err).__name__}: "
@@ -71,6 +76,20 @@ def _plain_graph_module(unlifted: torch.fx.GraphModule, name: str) -> torch.fx.G
     graph._codegen = torch.fx.graph.CodeGen()
     graph.lint()
     return torch.fx.GraphModule(unlifted, graph, name)
+
+
+@contextmanager
+def _quiet_torch_logs() -> Iterator[None]:
+    """torch.export logs warnings and prints the partial graph to stderr when it fails; the error says
+    what matters."""
+    logger = logging.getLogger("torch")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logger.setLevel(level)
 
 
 def _first_line(err: BaseException) -> str:

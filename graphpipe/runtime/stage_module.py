@@ -29,7 +29,7 @@ import torch.fx
 from torch import nn
 
 from graphpipe.errors import TrainingError
-from graphpipe.graph.capture import CapturedModule
+from graphpipe.graph.capture import CapturedModule, hold_tensors
 from graphpipe.planner.stage_graph import Plan
 
 MODEL_OUTPUT = "__model_output__"
@@ -193,12 +193,15 @@ def _owned_tensors(gm: torch.fx.GraphModule, stage_of: Mapping[str, int],
             where = ", ".join(f"stage {s} (op {op!r})" for s, op in sorted(readers.items()))
             raise TrainingError(f"parameter {name!r} is used by {where}; a parameter must live in exactly one "
                                 "stage: plan those ops into one stage (graphpipe does not sync shared weights)")
+    sink = stage_of[next(node.name for node in gm.graph.nodes if node.op == "output")]
     params: list[list[str]] = [[] for _ in range(num_stages)]
     for name, readers in param_stages.items():
         params[next(iter(readers))].append(name)
+    params[sink] += [name for name in dict.fromkeys(param_names.values()) if name not in param_stages]  # unused
     buffers: list[list[str]] = [[] for _ in range(num_stages)]
     for name, stages in buffer_stages.items():
         buffers[min(stages)].append(name)
+    buffers[sink] += [name for name in dict.fromkeys(buffer_names.values()) if name not in buffer_stages]
     return [tuple(p) for p in params], [tuple(b) for b in buffers]
 
 
@@ -248,7 +251,10 @@ def _stage_graph_module(gm: torch.fx.GraphModule, spec: StageSpec) -> torch.fx.G
     if spec.is_sink:
         result[MODEL_OUTPUT] = model_output
     graph.output(result)
-    return torch.fx.GraphModule(gm, graph, f"Stage{spec.stage_idx}")
+    module = torch.fx.GraphModule(gm, graph, f"Stage{spec.stage_idx}")
+    hold_tensors(module, [(name, gm.get_parameter(name)) for name in spec.param_names]
+                 + [(name, gm.get_buffer(name)) for name in spec.buffer_names])  # unused ones too
+    return module
 
 
 def _mutated_entries(gm: torch.fx.GraphModule, entries: set[str], here: set[str]) -> set[str]:

@@ -97,7 +97,8 @@ class PipelineTrainer:
             self.optimizer.zero_grad(set_to_none=True)
         local = self.executor.run(self.actions, data, _to(targets, self.device) if self.stage.spec.is_sink else None)
         self.step_count += 1
-        total = local.detach().clone().reshape(1).to(self.device)
+        # float64 on every rank: the sink's loss has the model's dtype, the other ranks' zeros do not
+        total = local.detach().reshape(1).to(self.device, torch.float64, copy=True)
         self.transport.all_reduce_sum_(total, tuple(range(self.plan.world_size)))
         return float(total.item())
 

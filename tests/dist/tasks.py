@@ -15,8 +15,9 @@ from tests.runtime.scenarios import LR, SCENARIOS
 def _trainer(name: str, schedule: str) -> tuple[PipelineTrainer, Any]:
     scenario = SCENARIOS[name]
     plan = scenario.plan()
+    example = scenario.make_batches(1)[0][0]
     trainer = PipelineTrainer(scenario.model(), plan, optimizer=lambda ps: torch.optim.Adam(ps, lr=LR),
-                              loss_fn=scenario.loss_fn, schedule=schedule)
+                              loss_fn=scenario.loss_fn, schedule=schedule, example_inputs=example)
     return trainer, scenario
 
 

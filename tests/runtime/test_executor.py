@@ -22,7 +22,8 @@ def _train_in_threads(name: str, schedule: str, num_steps: int) -> tuple[list[li
     sched = make_schedule(plan, schedule)
     # built here, not in the threads: the global RNG and fx tracing are not thread safe
     trainers = [PipelineTrainer(scenario.model(), plan, optimizer=lambda ps: torch.optim.Adam(ps, lr=LR),
-                                loss_fn=scenario.loss_fn, schedule=sched, transport=hub.transport(rank), rank=rank)
+                                loss_fn=scenario.loss_fn, schedule=sched, transport=hub.transport(rank), rank=rank,
+                                example_inputs=batches[0][0])
                 for rank in range(plan.world_size)]
 
     def body(rank: int) -> tuple[list[float], dict[str, torch.Tensor]]:

@@ -38,7 +38,7 @@ Inputs = tuple[tuple[Any, ...], dict[str, Any], list[torch.Tensor]]  # args, kwa
 
 
 def profile(graph: OpGraph, model: nn.Module, micro_batch_sizes: Sequence[int], *,
-            example_inputs: tuple[Any, ...] | None = None, device: str = "cpu", warmup: int = 2, repeats: int = 5,
+            example_inputs: Any = None, device: str = "cpu", warmup: int = 2, repeats: int = 5,
             leaf_modules: Iterable[type | str] = (), progress: bool = True,
             num_threads: int | None = None) -> CostTable:
     """A measured cost table (source "measured") for `graph`, captured from `model` with the same leaf modules.
@@ -47,17 +47,13 @@ def profile(graph: OpGraph, model: nn.Module, micro_batch_sizes: Sequence[int], 
     them, inputs are made from the graph's input shapes (random floats, zero indices).
     `num_threads` sets torch's CPU threads while profiling (1 = one worker process's view).
     """
-    from graphpipe.graph.tracer import trace_module
-
     sizes = check_micro_batch_sizes(micro_batch_sizes)
     if warmup < 0 or repeats < 1:
         raise CostError(f"need warmup >= 0 and repeats >= 1, got warmup={warmup}, repeats={repeats}")
     target = _torch_device(device)
     model = _on_device(model, target)
-    gm = trace_module(model, tuple(leaf_modules))
+    gm, example_inputs = _traced_like(graph, model, example_inputs, tuple(leaf_modules))
     _check_same_ops(graph, gm)
-    if example_inputs is None:
-        example_inputs = inputs_like(graph)
     num_timed = sum(node.op in TIMED_KINDS for node in gm.graph.nodes)
     per_size: dict[int, dict[str, OpCost]] = {}
     with _preserved(model, target, num_threads), _progress_bar(len(sizes) * num_timed, progress) as bar:
@@ -326,6 +322,21 @@ def _on_device(model: nn.Module, device: torch.device) -> nn.Module:
 
 def _same_device(a: torch.device, b: torch.device) -> bool:
     return a.type == b.type and (a.index or 0) == (b.index or 0)
+
+
+def _traced_like(graph: OpGraph, model: nn.Module, example_inputs: Any,
+                 leaf_modules: tuple[type | str, ...]) -> tuple[torch.fx.GraphModule, tuple[Any, ...]]:
+    """The model traced as the graph was captured, and the example as the values of its input ops."""
+    from graphpipe.graph.capture import capture_module
+    from graphpipe.graph.prune import prune_graph
+    from graphpipe.graph.tracer import trace_module
+
+    if example_inputs is None:
+        if graph.capture == "export":
+            raise CostError("the graph was captured with torch.export; pass example_inputs to profile it")
+        return prune_graph(trace_module(model, leaf_modules)), inputs_like(graph)
+    captured = capture_module(model, example_inputs, leaf_modules=leaf_modules, method=graph.capture)
+    return captured.module, tuple(captured.bind(example_inputs).values())
 
 
 def _check_same_ops(graph: OpGraph, gm: torch.fx.GraphModule) -> None:

@@ -156,7 +156,8 @@ def _stage_of_nodes(gm: torch.fx.GraphModule, plan: Plan) -> dict[str, int]:
     if missing:
         raise TrainingError(
             f"the plan for graph {plan.graph_name!r} puts {len(missing)} op(s) of the traced model in no stage "
-            f"(first: {missing[:5]}); plan the same model, traced with the same leaf modules")
+            f"(first: {missing[:5]}); plan the same model, traced with the same leaf modules, and pass the "
+            "example inputs it was captured with (PipelineTrainer(..., example_inputs=...))")
     return stage_of
 
 

@@ -99,3 +99,17 @@ def test_demo_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main.main(["demo"]) == 0
     text = capsys.readouterr().out
     assert "graph mmt-tiny" in text and "4 parallel chains" in text
+
+
+def test_capture_of_a_transformers_model_prints_branches_and_the_largest_block(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("transformers")
+    spec = f"{Path(__file__).resolve().parents[2] / 'examples' / 'clip_towers.py'}:factory"
+    args = ["capture", "--model", spec, "--set", "width=16", "--set", "layers=1"]
+    assert cli_main.main(args) == 0
+    text = capsys.readouterr().out
+    assert "2 parallel chains between the inputs and 'cosine_similarity'" in text
+    assert "largest block:" in text
+    assert cli_main.main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["max_branches"] >= 2 and data["largest_block_ops"] < data["num_compute_ops"] / 10

@@ -29,6 +29,22 @@ def broken():
 
 def failing():
     raise ValueError("no data here")
+
+class Masked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x, mask=None, scale=1.0):
+        out = self.fc(x) * scale
+        return out if mask is None else out * mask
+
+def keyword(batch_size=4):
+    inputs = {"x": torch.randn(batch_size, 3), "mask": torch.ones(batch_size, 2)}
+    return Masked(), inputs, torch.zeros(batch_size, 2), nn.MSELoss()
+
+def no_tensor():
+    return Masked(), {"scale": 2.0}, torch.zeros(2, 2), nn.MSELoss()
 '''
 
 
@@ -76,3 +92,11 @@ def test_bad_user_specs_say_what_to_change(user_file: Path, tmp_path: Path) -> N
         load_model(f"{user_file}:broken")
     with pytest.raises(ModelLoadError, match="no data here"):
         load_model(f"{user_file}:failing")
+
+
+def test_keyword_inputs_are_kept_and_resized(user_file: Path) -> None:
+    zoo = load_model(f"{user_file}:keyword", batch_size=6)
+    assert set(zoo.inputs) == {"x", "mask"} and zoo.inputs["x"].shape == (6, 3) and zoo.batch_size == 6
+    assert zoo.model(**zoo.inputs).shape == (6, 2)
+    with pytest.raises(ModelLoadError, match="keyword"):
+        load_model(f"{user_file}:no_tensor")

@@ -1,0 +1,61 @@
+"""The trainer takes the inputs the model was captured with: keyword inputs, and optional arguments left at
+their defaults (timm's `forward(x, attn_mask=None, is_causal=False)` called with `x` alone)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+import graphpipe as gp
+from graphpipe.runtime.comm import InMemoryHub
+from graphpipe.runtime.trainer import PipelineTrainer
+from tests.runtime.helpers import max_relative_error, run_threads
+
+
+class OptionalArguments(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 16))
+        self.b = nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 16))
+        self.head = nn.Linear(32, 2)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+        if attn_mask is not None:
+            x = x * attn_mask
+        out = self.head(torch.cat([self.a(x), self.b(x)], dim=1))
+        return out if bias is None else out + bias
+
+
+def _train(inputs: object, targets: torch.Tensor, model: nn.Module) -> tuple[float, dict[str, torch.Tensor]]:
+    graph = gp.capture(model, inputs)
+    cluster = gp.Cluster.preset("summit", num_devices=3)
+    plan = gp.plan(graph, gp.analytic_costs(graph, device="v100-16gb"), cluster, 8, micro_batch_sizes=(2,))
+    assert plan.num_stages > 1
+    hub = InMemoryHub(plan.world_size, timeout_s=15)
+    trainers = [PipelineTrainer(copy.deepcopy(model), plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+                                loss_fn=nn.functional.mse_loss, transport=hub.transport(rank), rank=rank,
+                                example_inputs=inputs) for rank in range(plan.world_size)]
+    losses = run_threads(plan.world_size, lambda rank: trainers[rank].step(inputs, targets))
+    assert len(set(losses)) == 1
+    return losses[0], {name: p.detach() for trainer in trainers for name, p in trainer.named_parameters()}
+
+
+def test_optional_and_keyword_arguments_train_like_the_whole_model() -> None:
+    torch.manual_seed(0)
+    x, targets = torch.randn(8, 6), torch.randn(8, 2)
+    bias = torch.randn(2)  # no batch dimension: every stage that reads it gets it whole
+    for inputs in ((x,), {"x": x, "bias": bias}):
+        model = OptionalArguments()
+        reference = copy.deepcopy(model)
+        loss, trained = _train(inputs, targets, model)
+        given = gp.ModelInputs(args=inputs) if isinstance(inputs, tuple) else gp.ModelInputs(kwargs=inputs)
+        expected = nn.functional.mse_loss(reference(*given.args, **given.kwargs), targets)
+        expected.backward()
+        torch.optim.SGD(reference.parameters(), lr=0.1).step()
+        assert abs(loss - expected.item()) < 1e-6
+        assert sorted(trained) == sorted(name for name, _ in reference.named_parameters())
+        for name, want in reference.named_parameters():
+            assert max_relative_error(trained[name], want.detach()) < 1e-6, name

@@ -229,10 +229,12 @@ def _kill_point() -> tuple[int, int]:
 
 
 def _gather_peaks(own: int, device: torch.device) -> tuple[int, ...]:
-    mine = torch.tensor([own], dtype=torch.int64, device=device)
-    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
-    return tuple(int(t.item()) for t in every)
+    """Every rank's peak memory. An all-reduce of one slot per rank into a tensor this rank owns: the
+    output list of an all_gather could be freed by a gloo thread during interpreter shutdown (SIGABRT)."""
+    every = torch.zeros(dist.get_world_size(), dtype=torch.int64, device=device)
+    every[dist.get_rank()] = own
+    dist.all_reduce(every)
+    return tuple(int(value) for value in every.tolist())
 
 
 def _progress(rank: int, start: int, total: int) -> Any:
@@ -252,4 +254,7 @@ def _report(args: argparse.Namespace, bar: Any, metrics: Any) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)  # skip interpreter teardown, where gloo's threads may still release tensors

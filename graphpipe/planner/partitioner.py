@@ -30,6 +30,26 @@ in v; combining two parts is adding their vectors, so device splits d = d1 + d2 
   with at most 4 branches may join the first stage of one branch, and the leaves just after
   it the last stage of one branch, so a cheap input or concat + head costs no device.
 
+Cost of a probe, with n ops, V = devices + 2 in-flight values and D degrees. Every sub-problem
+is memoised in the probe by what its answer depends on: a chain suffix by (chain, k_after, end),
+a parallel block by (block, k_after), a fork/join block by (its parallel block, the ops of its
+fork and join runs, with or without J, k_after), never by the chain it was met in. The chains
+solved are the SP tree's, their prefixes cut at merge tails, and the branches with a join run
+appended (B_r + [J]); a fork's lane [F] + B_r is never solved itself, only B_r behind F's stage.
+So a fork run never travels into the blocks nested inside the branch, and a join run only into
+the last block of a branch: a block at nesting depth t has at most f + 1 fork runs (f the
+leaves right before it in its own chain) and t + 1 join runs (its own, or merged with those of
+the blocks around it). Keyed by chain, with fork lanes solved whole, every extended chain had
+re-solved the blocks inside it with new fork and join runs: about 3x the chain tables and
+solves per level of nesting, 3-5x the time. Every block content is solved once per k_after and
+with or without J: its c^2 + c layouts cost O(V) each, plus O(L·D·V) for F's stage (L the
+items of F's lane) in the few layouts that pass an O(V) floor test (`fork_join._fork_stage`),
+plus O(L0·L1·(D + V)) for the merge tails of a two-branch block; every chain of L items costs
+O(L^2·D·V) at most. Summed over the tree this is polynomial in n, and at a fixed op count it
+grows about linearly, not exponentially, with the nesting depth
+(`tests/planner/test_nested_branches.py` counts the memo entries and chain tables;
+`benchmarks/nested_branches` times it).
+
 The stage graphs this DP can produce are those whose stages are runs of items of one SP
 chain (or of an extended chain of fork/join absorption) or unions of whole branches of one
 parallel block ("SP-aligned" partitions); the exhaustive baseline checks optimality over

@@ -2,7 +2,10 @@
 
 See `graphpipe.planner.partitioner` for the method; this module holds the DP itself over the
 SP tree (need vectors per chain suffix and per parallel block) and the reconstruction of the
-stages from the choices it recorded.
+stages from the choices it recorded. A probe memoises every sub-problem by what its answer
+depends on (`Probe.__init__`: chain suffixes, parallel blocks, fork/join blocks by content,
+F's stage options and floors of fork lanes); the sizes of those tables are the DP's work (see
+the partitioner's cost paragraph).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from graphpipe.graph.sp import SPChain, SPParallel
 from graphpipe.planner.chain_info import ChainInfo
-from graphpipe.planner.fork_join import ForkJoin, block_need, emit_block
+from graphpipe.planner.fork_join import ForkJoin, ForkLane, block_need, emit_block
 from graphpipe.planner.stage_cost import CostModel, StageCost
 from graphpipe.planner.stage_spec import StageSpec
 
@@ -35,9 +38,10 @@ def divisors_up_to(value: int, limit: int) -> tuple[int, ...]:
 
 
 @dataclass(slots=True)
-class _ChainSol:
+class ChainSol:
     need: list[list[int]]
     choice: list[list[tuple | None]]
+    breaks: list[list[tuple[int, int]]]  # per row, its breakpoints (all feasible: the rows are settled)
 
 
 @dataclass(slots=True)
@@ -151,8 +155,8 @@ class ParInfo:
         self.interval = len(par.branches) > MAX_ENUMERATED_BRANCHES
         self._groups: dict[int, tuple[tuple[str, ...], int, int, float]] = {}
         self._boundaries: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
-        self.extended: dict[tuple[int, int, int, bool], SPChain] = {}  # see fork_join.extended_chain
-        self.merge_costs: dict[tuple[int, int, int, int, int], StageCost] = {}  # see fork_join._merge_devices
+        self.extended: dict[tuple[int, tuple[str, ...], tuple[str, ...]], SPChain] = {}  # fork_join.extended_chain
+        self.merge_costs: dict[tuple[tuple[str, ...], int, int, int, int], StageCost] = {}  # fork_join._merge_devices
 
     def group(self, mask: int) -> tuple[tuple[str, ...], int, int, float]:
         """(ops, param bytes, messages, bytes per sample) of the branches in `mask` as one stage."""
@@ -214,12 +218,14 @@ class Probe:
         self.s = search
         self.target = target_ms
         self.dominated = dominance_cap(target_ms)  # offers with `until` up to this are dominated
-        self.chain_memo: dict[tuple[int, int, int], _ChainSol] = {}
-        self.par_memo: dict[tuple[int, int], _ParSol] = {}
-        self.block_memo: dict[tuple[int, int, int, bool, int], tuple[list[int], list[tuple | None]]] = {}
+        self.chain_memo: dict[tuple[int, int, int], ChainSol] = {}  # (chain, k_after, end)
+        self.par_memo: dict[tuple[int, int], _ParSol] = {}  # (parallel block, k_after)
+        self.block_memo: dict[tuple[tuple, bool, int], tuple[list[int], list[tuple | None]]] = {}  # block_need
+        self.fork_memo: dict[tuple[int, int], list[tuple[int, int, int]]] = {}  # see fork_join._fork_options
+        self.lane_memo: dict[tuple[int, int, int], dict[int, ForkLane | None]] = {}  # see fork_join._fork_lane
 
     # ---- chains --------------------------------------------------------------------------
-    def chain(self, chain: SPChain, k_after: int, end: int | None = None) -> _ChainSol:
+    def chain(self, chain: SPChain, k_after: int, end: int | None = None) -> ChainSol:
         """The chain's items [0, end) (all by default), followed by something holding `k_after` micro-batches."""
         end = self.s.infos[id(chain)].num_items if end is None else end
         key = (id(chain), k_after, end)
@@ -228,7 +234,7 @@ class Probe:
             sol = self.chain_memo[key] = self._solve_chain(chain, k_after, end)
         return sol
 
-    def _solve_chain(self, chain: SPChain, k_after: int, end: int) -> _ChainSol:
+    def _solve_chain(self, chain: SPChain, k_after: int, end: int) -> ChainSol:
         """Suffix need vectors from `end` back to item 0. Rows past `end` stay infeasible, so no segment,
         block or parallel item reaches beyond it (a prefix of a chain reuses the chain's tables)."""
         s = self.s
@@ -257,7 +263,7 @@ class Probe:
             breaks[start] = found
             if found:
                 fewest[start] = found[-1][1]
-        return _ChainSol(need=need, choice=choice)
+        return ChainSol(need=need, choice=choice, breaks=breaks)
 
     def _segments(self, offers: SegmentOffers, start: int, breaks: list[list[tuple[int, int]]], fewest: list[int],
                   row: list[int], chosen: list[tuple | None]) -> None:

@@ -16,7 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 _ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.DOTALL)
+_FAILURE = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
 _RANK_ERROR = re.compile(r"graphpipe train: rank (\d+): error: (.*)")
+_PEER_DIED = "probably died"  # how a rank says it failed only because a peer did (runtime/comm.py)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,14 +59,22 @@ def launch(nproc: int, train_args: Sequence[str], *, env: dict[str, str] | None 
 
 
 def parse_failure(returncode: int, output: str) -> LaunchResult:
+    """The rank that failed first in fact: torchrun's "Root Cause" is the first failure it observed,
+    and a rank killed by a signal or by its own error often exits after the peers it broke. So a rank
+    killed by a signal wins, then a rank whose error is its own (not "rank K probably died"), then
+    torchrun's choice."""
     if returncode == 0:
         return LaunchResult(returncode=0)
-    own = _RANK_ERROR.search(output)
+    messages = {int(rank): text.strip() for rank, text in _RANK_ERROR.findall(output)}
+    codes = {int(rank): int(code) for rank, code in _FAILURE.findall(output)}
     root = _ROOT_CAUSE.search(output)
-    if root:
-        rank, code = int(root[1]), int(root[2])
-        message = own[2].strip() if own and int(own[1]) == rank else ""
-        return LaunchResult(returncode=returncode, failed_rank=rank, rank_exitcode=code, message=message)
-    if own:
-        return LaunchResult(returncode=returncode, failed_rank=int(own[1]), message=own[2].strip())
-    return LaunchResult(returncode=returncode)
+    order = [int(root[1])] if root else []
+    order += sorted(codes)
+    signalled = [rank for rank in order if codes.get(rank, 0) < 0]
+    own = [rank for rank in order if rank in messages and _PEER_DIED not in messages[rank]]
+    candidates = signalled or own or order or sorted(messages)
+    if not candidates:
+        return LaunchResult(returncode=returncode)
+    chosen = candidates[0]
+    return LaunchResult(returncode=returncode, failed_rank=chosen, rank_exitcode=codes.get(chosen),
+                        message=messages.get(chosen, ""))

@@ -50,3 +50,34 @@ def test_torchrun_command_runs_the_train_module_with_this_python() -> None:
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
     assert "--nproc-per-node=4" in command
     assert command[-4:] == ["-m", "graphpipe.train", "--plan", "p.json"]
+
+
+def test_the_rank_that_broke_the_others_is_named_not_torchruns_first_observation() -> None:
+    """All ranks seen failing at once: torchrun's root cause is rank 0, which only lost its peer."""
+    failures = """
+Failures:
+[1]:
+  time      : 2026-01-01_00:00:00
+  host      : box
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 4243)  (SIGKILL)
+  error_file: <N/A>
+[2]:
+  time      : 2026-01-01_00:00:00
+  host      : box
+  rank      : 2 (local_rank: 2)
+  exitcode  : 1 (pid: 4244)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-01-01_00:00:00
+  host      : box
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 4242)
+"""
+    lost = "graphpipe train: rank 0: error: rank 0: receive from rank 1 failed (closed); rank 1 probably died\n"
+    result = parse_failure(1, lost + failures)
+    assert (result.failed_rank, result.rank_exitcode) == (1, -9)
+    own = "graphpipe train: rank 2: error: stage 1 ran out of memory\n"
+    result = parse_failure(1, lost + own + failures.replace("-9 (pid: 4243)  (SIGKILL)", "1 (pid: 4243)"))
+    assert result.failed_rank == 2 and result.message == "stage 1 ran out of memory"

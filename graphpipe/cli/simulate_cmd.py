@@ -99,7 +99,7 @@ def load_costs(plan: Plan, args: argparse.Namespace) -> CostTable:
     options = [f"{key}={json.dumps(value)}" for key, value in spec["options"].items()]  # parsed back as JSON
     namespace = argparse.Namespace(model=spec["model"], preset=spec["preset"], batch=spec.get("batch"),
                                    model_options=options, leaf_modules=spec.get("leaf_modules", []), seed=0,
-                                   capture=spec.get("capture") or plan.capture)
+                                   capture=plan.capture)  # the method that made the plan
     _, graph = capture_from_args(namespace)
     device = args.device or spec.get("device") or plan.cluster.get("device", {}).get("name") or "v100-16gb"
     return analytic_costs(graph, device)

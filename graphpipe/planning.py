@@ -37,8 +37,12 @@ BOUND_SLACK = 1e-9  # a bound summed in another order than the simulator's clock
 def plan(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int, *,
          planner: str = "graphpipe", micro_batch_sizes: Sequence[int] | None = None,
          per_stage_micro_batch: bool = False, memory_limit: float | None = None,
-         rank_by: str = "simulation", options: dict[str, float] | None = None) -> Plan:
-    """The best plan for training `graph` on `cluster` with mini-batches of `global_batch_size` samples."""
+         rank_by: str = "simulation", options: dict[str, float] | None = None,
+         use_all_devices: bool = False) -> Plan:
+    """The best plan for training `graph` on `cluster` with mini-batches of `global_batch_size` samples.
+
+    A plan may leave devices unused when more would not help (the extra ranks stay idle at run time);
+    `use_all_devices=True` keeps only candidates that use every device."""
     if rank_by not in RANKINGS:
         raise PlanningError(f"unknown ranking {rank_by!r}; choose one of {', '.join(RANKINGS)}")
     start = time.perf_counter()
@@ -50,6 +54,8 @@ def plan(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: 
     candidates = plan_candidates(graph, costs, cluster, global_batch_size, planner=planner,
                                  micro_batch_sizes=micro_batch_sizes, per_stage_micro_batch=per_stage_micro_batch,
                                  memory_limit=memory_limit, options=options, every_size=rank_by == "simulation")
+    if use_all_devices:
+        candidates = _using_all(candidates, cluster.num_devices, planner)
     if rank_by == "tps":
         best = min(candidates, key=lambda p: p.predicted_tps_ms)
         iteration_s = best.global_batch_size * best.predicted_tps_ms / 1e3
@@ -64,6 +70,16 @@ def plan(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: 
         raise PlanningError(f"planner {planner!r} returned a plan the runtime would refuse (a planner bug): "
                             f"{err}") from err
     return dataclasses.replace(best, search_time_s=time.perf_counter() - start, planner=planner)
+
+
+def _using_all(candidates: Sequence[Plan], num_devices: int, planner: str) -> tuple[Plan, ...]:
+    full = tuple(candidate for candidate in candidates if candidate.world_size == num_devices)
+    if not full:
+        most = max((candidate.world_size for candidate in candidates), default=0)
+        raise PlanningError(f"no {planner} plan uses all {num_devices} devices (the most any uses is {most}): the "
+                            "model is too small to split further at this mini-batch; use fewer devices, a larger "
+                            "mini-batch, or let the extra ranks idle (drop --use-all-devices)")
+    return full
 
 
 def _best_simulated(candidates: Sequence[Plan], costs: CostTable, cluster: Cluster) -> tuple[float, Plan, SimResult]:

@@ -83,6 +83,10 @@ def run(args: argparse.Namespace) -> None:
     device = _init_process_group(args.timeout)
     zoo = _load_model(args, plan)
     trainer = _make_trainer(args, plan, zoo, device)
+    if trainer.idle:  # the plan uses fewer ranks than were launched
+        print(f"graphpipe train: rank {trainer.rank}: idle (the plan uses ranks 0-{plan.world_size - 1} of "
+              f"{dist.get_world_size()})", file=sys.stderr, flush=True)
+        return
     if args.resume and args.checkpoint_dir:
         _resume(trainer, args.checkpoint_dir)
     _train_loop(args, plan, trainer, zoo)
@@ -180,7 +184,7 @@ def _train_loop(args: argparse.Namespace, plan: Plan, trainer: Any, zoo: Any) ->
         start = time.perf_counter()
         loss = trainer.step(inputs, targets)
         elapsed = time.perf_counter() - start
-        peaks = _gather_peaks(peak_memory_bytes(trainer.device), trainer.device)
+        peaks = _gather_peaks(peak_memory_bytes(trainer.device), trainer)
         if args.trace:
             traced.append(list(trainer.executor.events))
         metrics = StepMetrics(step=step + 1, loss=loss, iteration_s=elapsed,
@@ -228,12 +232,13 @@ def _kill_point() -> tuple[int, int]:
     return int(rank), int(step)
 
 
-def _gather_peaks(own: int, device: torch.device) -> tuple[int, ...]:
-    """Every rank's peak memory. An all-reduce of one slot per rank into a tensor this rank owns: the
-    output list of an all_gather could be freed by a gloo thread during interpreter shutdown (SIGABRT)."""
-    every = torch.zeros(dist.get_world_size(), dtype=torch.int64, device=device)
-    every[dist.get_rank()] = own
-    dist.all_reduce(every)
+def _gather_peaks(own: int, trainer: Any) -> tuple[int, ...]:
+    """Every working rank's peak memory. An all-reduce of one slot per rank into a tensor this rank owns
+    (the output list of an all_gather could be freed by a gloo thread during interpreter shutdown), over
+    the plan's ranks only: idle ranks have left."""
+    every = torch.zeros(trainer.plan.world_size, dtype=torch.int64, device=trainer.device)
+    every[trainer.rank] = own
+    trainer.transport.all_reduce_sum_(every, tuple(range(trainer.plan.world_size)))
     return tuple(int(value) for value in every.tolist())
 
 

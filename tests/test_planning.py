@@ -113,3 +113,15 @@ def test_ranking_skips_candidates_by_bound_and_picks_what_simulating_all_of_them
     assert [s.ops for s in best.stages] == [s.ops for s in winner.stages]
     assert best.predicted_iteration_s == pytest.approx(everything[0][0])
     assert 0 < len(simulated) < len(candidates)  # the bound skipped some
+
+
+def test_use_all_devices_keeps_only_plans_that_use_every_device() -> None:
+    graph = branches_graph(2, 3)
+    costs = make_costs(graph, overhead_ms=5.0)
+    free = plan(graph, costs, make_cluster(4), 2)
+    assert free.world_size == 3  # the best plan leaves a device idle
+    full = plan(graph, costs, make_cluster(4), 2, use_all_devices=True)
+    assert full.world_size == 4
+    small = branches_graph(2, 2)
+    with pytest.raises(PlanningError, match="no graphpipe plan uses all 4 devices"):
+        plan(small, make_costs(small, overhead_ms=5.0), make_cluster(4), 2, use_all_devices=True)

@@ -35,9 +35,11 @@ class PipelineTrainer:
     """Runs this rank's stage of `plan`; `step(inputs, targets) -> float` trains one mini-batch.
 
     `transport` and `rank` replace torch.distributed (single-process tests with an
-    `InMemoryHub`); otherwise a process group must be initialised and its size must equal
-    the plan's world size. Data-parallel groups are created for every stage with more than
-    one rank, in stage order, on every rank. `example_inputs` (one batch, as given to
+    `InMemoryHub`); otherwise a process group must be initialised with at least the plan's
+    world size. Ranks beyond it are *idle*: they take no stage (a plan may use fewer devices
+    than there are), `step` returns nan on them at once and they hold no parameters, so a
+    script can let them run its loop or leave. Data-parallel groups (and, with idle ranks, the
+    group of the plan's ranks) are created on every rank in the same order. `example_inputs` (one batch, as given to
     `gp.capture`) is needed for a plan captured with torch.export or from keyword or partial
     inputs; without it the model is traced with fx, one input per forward argument.
     """
@@ -53,6 +55,10 @@ class PipelineTrainer:
         assert rank is not None, "pass rank= together with transport="
         self.rank = rank
         self.transport = transport
+        self.step_count = 0
+        self.idle = rank >= plan.world_size
+        if self.idle:
+            return
         self.stage_info = plan.stage_of_rank(rank)
         self.captured = _capture(model, plan, example_inputs, leaf_modules)
         traced = self.captured.module if isinstance(self.captured, CapturedModule) else self.captured
@@ -69,14 +75,13 @@ class PipelineTrainer:
         self.optimizer: torch.optim.Optimizer | None = optimizer(params) if params else None
         self.executor = StageExecutor(plan=plan, stage=self.stage, rank=rank, transport=transport,
                                       loss_fn=loss_fn, params=params, on_step=self._optimizer_step)
-        self.step_count = 0
 
     def _dist_transport(self, process_group: Any) -> tuple[Transport, int]:
         if not dist.is_initialized():
             raise TrainingError("PipelineTrainer needs an initialised process group: run under torchrun, or call "
                                 "torch.distributed.init_process_group first")
         world = dist.get_world_size(process_group)
-        if world != self.plan.world_size:
+        if world < self.plan.world_size:
             raise TrainingError(f"the plan was made for {self.plan.world_size} ranks but the process group has "
                                 f"{world}; re-plan for {world} devices or launch {self.plan.world_size} processes")
         if process_group is not None and world != dist.get_world_size():
@@ -86,12 +91,18 @@ class PipelineTrainer:
         for stage in self.plan.stages:  # every rank creates every group, in the same order
             if len(stage.ranks) > 1:
                 groups[tuple(stage.ranks)] = dist.new_group(list(stage.ranks))
+        if world > self.plan.world_size:  # the loss and barriers of the plan's ranks leave the idle ones out
+            working = tuple(range(self.plan.world_size))
+            groups.setdefault(working, dist.new_group(list(working)))
         dist.barrier()  # NCCL: the first batched point-to-point call must not be the group's first call
         return DistTransport(device=self.device, groups=groups), dist.get_rank()
 
     # ---- training ----------------------------------------------------------------------------
     def step(self, inputs: Any, targets: Any) -> float:
-        """Train on one mini-batch (batch first, every rank passes the same batch); the mean loss."""
+        """Train on one mini-batch (batch first, every rank passes the same batch); the mean loss
+        (nan on an idle rank, at once)."""
+        if self.idle:
+            return float("nan")
         data = self._named_inputs(inputs)
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
@@ -129,33 +140,42 @@ class PipelineTrainer:
 
     # ---- this rank's stage -------------------------------------------------------------------
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
-        """This rank's stage parameters under the model's original names."""
-        yield from self.stage.named_parameters()
+        """This rank's stage parameters under the model's original names (none on an idle rank)."""
+        if not self.idle:
+            yield from self.stage.named_parameters()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Parameters and buffers of this rank's stage under the model's original names."""
+        if self.idle:
+            return {}
         state = {name: param.detach() for name, param in self.stage.named_parameters()}
         state.update({name: buffer.detach() for name, buffer in self.stage.named_buffers()})
         return state
 
     @property
     def stage_idx(self) -> int:
-        return self.stage_info.idx
+        """This rank's stage (-1 on an idle rank)."""
+        return -1 if self.idle else self.stage_info.idx
 
     @property
     def is_stage_leader(self) -> bool:
-        return self.rank == self.stage_info.ranks[0]
+        return not self.idle and self.rank == self.stage_info.ranks[0]
 
     # ---- checkpoints -------------------------------------------------------------------------
     def save(self, directory: str) -> None:
         """Write this step's checkpoint into `directory`; the `complete` marker comes last."""
-        save_stage(directory, self, barrier=self.barrier)
+        if not self.idle:
+            save_stage(directory, self, barrier=self.barrier)
 
     def load(self, directory: str) -> None:
         """Restore parameters, optimizer state and step count from a complete checkpoint."""
-        load_stage(directory, self)
+        if not self.idle:
+            load_stage(directory, self)
 
     def barrier(self) -> None:
+        """Wait for every rank of the plan (idle ranks take no part)."""
+        if self.idle:
+            return
         token = torch.zeros(1, device=self.device)
         self.transport.all_reduce_sum_(token, tuple(range(self.plan.world_size)))
         self.transport.flush()

@@ -31,18 +31,39 @@ def _check_training(results: dict[str, list[Any]], name: str, schedule: str) -> 
     assert not problems, f"{name} {schedule}:\n" + "\n".join(problems)
 
 
+IDLE_SCENARIO = "diamond3"  # a 3-rank plan, trained in the 4-rank world: rank 3 idles
+
+
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_pipeline_training_equals_single_process(world_size: int, tmp_path: Any) -> None:
     names = sorted(n for n, s in SCENARIOS.items() if s.world_size == world_size)
     jobs: list[Any] = [(f"{n}/{k}", tasks.train, (n, k, NUM_STEPS)) for n in names for k in SCENARIOS[n].schedules]
-    wrong = next(n for n, s in SCENARIOS.items() if s.world_size != world_size)
-    jobs.append(("wrong_world", tasks.wrong_world_size, (wrong,)))
+    bigger = [n for n, s in SCENARIOS.items() if s.world_size > world_size]
+    if bigger:
+        jobs.append(("wrong_world", tasks.wrong_world_size, (bigger[0],)))
+    if world_size == 4:
+        jobs.append(("idle", tasks.train, (IDLE_SCENARIO, "1f1b", NUM_STEPS)))
     results = run_world(world_size, jobs)
     for name in names:
         for schedule in SCENARIOS[name].schedules:
             _check_training(results, name, schedule)
-    message = results["wrong_world"][0]
-    assert f"made for {SCENARIOS[wrong].world_size} ranks" in message and f"has {world_size}" in message
+    if bigger:
+        message = results["wrong_world"][0]
+        assert f"made for {SCENARIOS[bigger[0]].world_size} ranks" in message and f"has {world_size}" in message
+    if world_size == 4:
+        _check_idle_rank(results["idle"])
+
+
+def _check_idle_rank(per_rank: list[Any]) -> None:
+    """Ranks 0-2 train the 3-rank plan exactly; rank 3 takes no stage: nan losses, no parameters."""
+    working, idle = per_rank[:3], per_rank[3]
+    assert all(np.isnan(loss) for loss in idle["losses"]) and not idle["params"]
+    params = {k: torch.from_numpy(np.asarray(v)) for r in working for k, v in r["params"].items()}
+    expected_losses, expected_params = reference(SCENARIOS[IDLE_SCENARIO], NUM_STEPS)
+    assert all(r["losses"] == working[0]["losses"] for r in working)
+    assert sorted(params) == sorted(expected_params)
+    problems = compare(working[0]["losses"], params, expected_losses, expected_params)
+    assert not problems, "\n".join(problems)
 
 
 def test_resume_in_new_processes_equals_uninterrupted(tmp_path: Any) -> None:

@@ -24,6 +24,7 @@ from graphpipe.cost.cost_table import CostTable
 from graphpipe.errors import PlanningError, PlanValidationError
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.planner.api import plan_candidates
+from graphpipe.planner.notes import batch_coupling_notes
 from graphpipe.planner.stage_graph import Plan
 from graphpipe.planner.validate import check_runtime_rules
 
@@ -69,7 +70,8 @@ def plan(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: 
     except PlanValidationError as err:
         raise PlanningError(f"planner {planner!r} returned a plan the runtime would refuse (a planner bug): "
                             f"{err}") from err
-    return dataclasses.replace(best, search_time_s=time.perf_counter() - start, planner=planner)
+    return dataclasses.replace(best, search_time_s=time.perf_counter() - start, planner=planner,
+                               notes=best.notes + batch_coupling_notes(graph, best))
 
 
 def _using_all(candidates: Sequence[Plan], num_devices: int, planner: str) -> tuple[Plan, ...]:

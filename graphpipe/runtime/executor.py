@@ -136,9 +136,27 @@ class StageExecutor:
             state.inputs[name] = value
         state.outputs = self.stage(data, state.inputs)
         if self.spec.is_sink:
-            loss = self.loss_fn(state.outputs.pop(MODEL_OUTPUT), _rows(self._targets, start, stop))
+            loss = self._loss(state.outputs.pop(MODEL_OUTPUT), _rows(self._targets, start, stop), stop - start)
             state.loss = loss * ((stop - start) / self.plan.global_batch_size)
             self._local_loss = self._local_loss + state.loss.detach()
+
+    def _loss(self, output: Any, targets: Any, num_samples: int) -> torch.Tensor:
+        """The loss of one share of a micro-batch. A loss that couples the samples of a batch (in-batch
+        negatives, targets that index the batch) fails or changes meaning on a share: say so."""
+        try:
+            loss = self.loss_fn(output, targets)
+        except Exception as err:
+            raise TrainingError(
+                f"rank {self.rank}: the loss failed on {num_samples} of the mini-batch's {self.plan.global_batch_size} "
+                f"samples ({type(err).__name__}: {err}). The sink computes the loss on each micro-batch share; a loss "
+                "that couples samples (contrastive, in-batch negatives, targets indexing the batch) needs a "
+                "micro-batch equal to the mini-batch on one device (plan with micro_batch_sizes=[mini-batch]), "
+                "or a per-sample loss") from err
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise TrainingError(f"rank {self.rank}: loss_fn must return a scalar tensor (the mean over the samples "
+                                f"it gets), got {shape}")
+        return loss
 
     def _backward(self, micro_batch: int) -> None:
         state = self._states[micro_batch]

@@ -59,3 +59,28 @@ def test_optional_and_keyword_arguments_train_like_the_whole_model() -> None:
         assert sorted(trained) == sorted(name for name, _ in reference.named_parameters())
         for name, want in reference.named_parameters():
             assert max_relative_error(trained[name], want.detach()) < 1e-6, name
+
+
+def test_a_loss_that_couples_samples_fails_with_the_fix() -> None:
+    """A contrastive loss whose targets index the whole batch cannot run on a micro-batch share."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8))
+    inputs, targets = (torch.randn(8, 6),), torch.arange(8)
+    graph = gp.capture(model, inputs)
+    cluster = gp.Cluster.preset("summit", num_devices=2)
+    plan = gp.plan(graph, gp.analytic_costs(graph, device="v100-16gb"), cluster, 8, micro_batch_sizes=(2,))
+    hub = InMemoryHub(plan.world_size, timeout_s=5)
+
+    def contrastive(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(out @ out.t(), target)
+
+    trainers = [PipelineTrainer(copy.deepcopy(model), plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+                                loss_fn=contrastive, transport=hub.transport(rank), rank=rank, example_inputs=inputs)
+                for rank in range(plan.world_size)]
+    try:  # the sink fails at its first loss, before its peers' receives time out
+        run_threads(plan.world_size, lambda rank: trainers[rank].step(inputs, targets))
+    except gp.GraphPipeError as err:
+        message = str(err)
+    else:
+        raise AssertionError("the coupled loss should fail on micro-batches of 2")
+    assert "couples samples" in message and "micro_batch_sizes=[mini-batch]" in message

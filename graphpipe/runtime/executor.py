@@ -13,6 +13,7 @@ sum over micro-batches and data-parallel ranks is the mean loss of the whole min
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -56,7 +57,8 @@ class StageExecutor:
     """Executes a stage's schedule on one rank; keeps value metadata learned from headers across steps."""
 
     def __init__(self, *, plan: Plan, stage: StageModule, rank: int, transport: Transport, loss_fn: LossFn,
-                 params: Sequence[torch.nn.Parameter] = (), on_step: Callable[[], None] | None = None) -> None:
+                 params: Sequence[torch.nn.Parameter] = (), on_step: Callable[[], None] | None = None,
+                 autocast: torch.dtype | None = None) -> None:
         self.plan = plan
         self.stage = stage
         self.spec = stage.spec
@@ -65,6 +67,7 @@ class StageExecutor:
         self.loss_fn = loss_fn
         self.params = tuple(params)
         self.on_step = on_step  # the optimizer step: STEP runs it in its place in the schedule
+        self.autocast = autocast  # forwards and the loss run under torch.autocast with this dtype
         self.stage_info = plan.stages[self.spec.stage_idx]
         self._known: dict[tuple[int, str], tuple[torch.dtype, tuple[int, ...]]] = {}  # (peer, value) -> meta
         self._sent_header: set[tuple[int, str]] = set()
@@ -134,11 +137,19 @@ class StageExecutor:
             if value.is_floating_point():
                 value.requires_grad_(True)
             state.inputs[name] = value
-        state.outputs = self.stage(data, state.inputs)
+        with self._precision():
+            state.outputs = self.stage(data, state.inputs)
+            if self.spec.is_sink:
+                loss = self._loss(state.outputs.pop(MODEL_OUTPUT), _rows(self._targets, start, stop), stop - start)
         if self.spec.is_sink:
-            loss = self._loss(state.outputs.pop(MODEL_OUTPUT), _rows(self._targets, start, stop), stop - start)
+            loss = loss.float() if self.autocast is not None else loss  # a bf16 loss would sum coarsely
             state.loss = loss * ((stop - start) / self.plan.global_batch_size)
             self._local_loss = self._local_loss + state.loss.detach()
+
+    def _precision(self) -> contextlib.AbstractContextManager[Any]:
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.transport.device.type, dtype=self.autocast)
 
     def _loss(self, output: Any, targets: Any, num_samples: int) -> torch.Tensor:
         """The loss of one share of a micro-batch. A loss that couples the samples of a batch (in-batch

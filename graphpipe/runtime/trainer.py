@@ -42,12 +42,15 @@ class PipelineTrainer:
     group of the plan's ranks) are created on every rank in the same order. `example_inputs` (one batch, as given to
     `gp.capture`) is needed for a plan captured with torch.export or from keyword or partial
     inputs; without it the model is traced with fx, one input per forward argument.
+    `autocast=torch.bfloat16` runs forwards and the loss under `torch.autocast` (weights, gradients
+    and optimizer state stay in the model's dtype; activations and messages are bfloat16).
     """
 
     def __init__(self, model: nn.Module, plan: Plan, *, optimizer: OptimizerFactory, loss_fn: LossFn,
                  schedule: str | Schedule = "1f1b", leaf_modules: Iterable[type | str] = (),
                  example_inputs: Any = None, device: torch.device | str | None = None, process_group: Any = None,
-                 transport: Transport | None = None, rank: int | None = None) -> None:
+                 transport: Transport | None = None, rank: int | None = None,
+                 autocast: torch.dtype | None = None) -> None:
         self.plan = plan
         self.device = torch.device(device) if device is not None else _default_device()
         if transport is None:
@@ -74,7 +77,7 @@ class PipelineTrainer:
         # a stage without parameters (a parameter-free merge, say) has nothing to optimise
         self.optimizer: torch.optim.Optimizer | None = optimizer(params) if params else None
         self.executor = StageExecutor(plan=plan, stage=self.stage, rank=rank, transport=transport,
-                                      loss_fn=loss_fn, params=params, on_step=self._optimizer_step)
+                                      loss_fn=loss_fn, params=params, on_step=self._optimizer_step, autocast=autocast)
 
     def _dist_transport(self, process_group: Any) -> tuple[Transport, int]:
         if not dist.is_initialized():

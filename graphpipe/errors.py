@@ -39,5 +39,13 @@ class ModelLoadError(GraphPipeError):
     """A zoo name or a `file.py:factory` model spec could not be loaded."""
 
 
+class UsageError(GraphPipeError):
+    """The command line asks for something that cannot work (the CLI exits 2, like argparse's own errors)."""
+
+
+class InputFileError(UsageError):
+    """A file given as input (plan, cost table, op graph) is missing, cut short, not JSON or not that kind."""
+
+
 class TrainingError(GraphPipeError):
     """Distributed training failed: a peer rank died, a plan does not fit the world size."""

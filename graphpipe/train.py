@@ -29,6 +29,8 @@ from graphpipe.errors import GraphPipeError, TrainingError
 from graphpipe.model_inputs import ModelInputs
 from graphpipe.planner.stage_graph import Plan
 
+AUTOCAST: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
+ACTIVATION_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # what the cost model counts activations in
 KILL_ENV = "GRAPHPIPE_KILL_AT"  # "RANK:STEP": that rank kills itself at that step (fault-injection tests)
 
 
@@ -61,10 +63,35 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", default=None, metavar="DIR", help="write a Chrome trace per rank into DIR")
     parser.add_argument("--timeout", type=float, default=60.0, help="process-group timeout in seconds")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    parser.add_argument("--dtype", choices=sorted(AUTOCAST), default="fp32",
+                        help="fp32, or bf16: forwards and the loss under torch.autocast (weights stay fp32)")
+
+
+def train_args_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the training options, in one line, or None; `graphpipe train` checks this before
+    it starts any process, a rank before it joins the group (both exit 2, like argparse)."""
+    if args.steps < 1:
+        return (f"--steps must be at least 1, got {args.steps}: it is the step to train up to (with --resume, "
+                "counting the steps already done)")
+    if args.resume and not args.checkpoint_dir:
+        return "--resume needs --checkpoint-dir DIR, the directory the earlier run saved its step_N checkpoints in"
+    if args.save_every < 0:
+        return f"--save-every must be 0 (save only at the end) or more, got {args.save_every}"
+    if args.save_every > 0 and not args.checkpoint_dir:
+        return "--save-every needs --checkpoint-dir DIR to save into"
+    if args.threads < 1:
+        return f"--threads must be at least 1, got {args.threads}"
+    if args.timeout <= 0:
+        return f"--timeout must be above 0 seconds, got {args.timeout:g}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problem = train_args_problem(args)
+    if problem:
+        parser.error(problem)
     rank = int(os.environ.get("RANK", "0"))
     try:
         run(args)
@@ -135,18 +162,24 @@ def _make_trainer(args: argparse.Namespace, plan: Plan, zoo: Any, device: torch.
     lr = args.lr
     return PipelineTrainer(zoo.model, plan, optimizer=lambda ps: torch.optim.Adam(ps, lr=lr), loss_fn=zoo.loss_fn,
                            schedule=args.schedule or plan.schedule, leaf_modules=args.leaf_modules,
-                           example_inputs=zoo.inputs, device=device)
+                           example_inputs=zoo.inputs, device=device, autocast=AUTOCAST[args.dtype])
 
 
 def _resume(trainer: Any, checkpoint_dir: str) -> None:
-    from graphpipe.runtime.checkpoint import latest_complete
+    """Load the newest intact checkpoint. Every rank checks every file, so all pick the same step;
+    rank 0 says which newer steps it skipped and why."""
+    from graphpipe.runtime.checkpoint import latest_intact
 
-    latest = latest_complete(checkpoint_dir)
-    if latest is None:
-        raise TrainingError(f"--resume: no complete checkpoint under {checkpoint_dir}")
-    trainer.load(str(latest))
+    chosen, damaged = latest_intact(checkpoint_dir)
+    if chosen is None:
+        found = f" ({'; '.join(damaged)})" if damaged else ""
+        raise TrainingError(f"--resume: no intact checkpoint under {checkpoint_dir}{found}; train without --resume "
+                            "to start from scratch")
+    trainer.load(str(chosen))
     if dist.get_rank() == 0:
-        print(f"resumed from {latest} (step {trainer.step_count})", file=sys.stderr, flush=True)
+        said = (f"{'; '.join(damaged)}; resuming from {chosen.name}" if damaged
+                else f"resumed from {chosen} (step {trainer.step_count})")
+        print(f"graphpipe train: {said}", file=sys.stderr, flush=True)
 
 
 def shuffled_batch(zoo: Any, seed: int, step: int) -> tuple[Any, Any]:

@@ -1,4 +1,4 @@
-"""Arguments and loading shared by every command that takes a model: --model, --preset, --batch."""
+"""Arguments, loading and checks shared by the commands: --model, --preset, --batch; usage errors."""
 
 from __future__ import annotations
 
@@ -11,10 +11,13 @@ from typing import Any
 
 import torch
 
-from graphpipe.errors import ModelLoadError
+from graphpipe.errors import ModelLoadError, PlanValidationError, UsageError
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.models import ZOO_NAMES, ZooModel, load_model
 from graphpipe.models.user_factory import is_file_spec
+from graphpipe.planner.stage_graph import Plan
+
+USAGE_EXIT = 2  # what argparse exits with on a bad command line; our own usage errors do the same
 
 
 def positive_int(text: str) -> int:
@@ -122,3 +125,23 @@ def format_count(count: float, unit: str = "") -> str:
             return f"{count:.0f} {prefix}{unit}".rstrip() if prefix == "" else f"{count:.2f} {prefix}{unit}"
         count /= 1000
     return f"{count:.2f} P{unit}"
+
+
+def check_plan_fits_graph(plan: Plan, graph: OpGraph, plan_path: str) -> None:
+    """UsageError unless the plan covers `graph` as the runtime and the simulator need (`validate_structure`:
+    the in-flight counts and memory are the planner's predictions, not a contract, so a hand-made plan may
+    differ there)."""
+    from graphpipe.planner.validate import validate_structure
+
+    try:
+        validate_structure(plan, graph)
+    except PlanValidationError as err:
+        raise UsageError(f"plan {plan_path} does not fit the model: {_which_graphs(plan, graph)}{err}; re-plan "
+                         f"the model (`graphpipe plan --model ... -o {Path(plan_path).name}`) or give the "
+                         "--model/--preset/--set/--leaf-module the plan was made with") from err
+
+
+def _which_graphs(plan: Plan, graph: OpGraph) -> str:
+    if plan.graph_name == graph.name:
+        return f"it does not cover graph {graph.name!r} ({len(graph.ops)} ops): "
+    return f"it is for graph {plan.graph_name!r} but the model is {graph.name!r}: "

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
-from graphpipe.errors import GraphPipeError
+from graphpipe.cli.common import USAGE_EXIT
+from graphpipe.errors import GraphPipeError, UsageError
+
+# Errors about what the user gave (the command line, an input file) exit like argparse's: 2.
+USAGE_ERRORS: tuple[type[GraphPipeError], ...] = (UsageError,)  # InputFileError is one
 
 COMMAND_MODULES: tuple[str, ...] = (
     "graphpipe.cli.capture_cmd",
@@ -41,7 +46,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except GraphPipeError as err:
         print(f"graphpipe {args.command}: error: {err}", file=sys.stderr)
-        return 1
+        return USAGE_EXIT if isinstance(err, USAGE_ERRORS) else 1
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM/SIGHUP while `train` supervises its workers
+        signum = int(getattr(err, "signum", signal.SIGINT))
+        how = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+        print(f"graphpipe {args.command}: {how}", file=sys.stderr)
+        return 128 + signum
 
 
 if __name__ == "__main__":

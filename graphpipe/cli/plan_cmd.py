@@ -31,6 +31,10 @@ def add_parser(subparsers: Any) -> None:
                         help="pick among the best plan per micro-batch size by simulated iteration time or TPS")
     parser.add_argument("--costs", default=None, metavar="COSTS.json", help="cost table (default: analytic)")
     parser.add_argument("--device", default="v100-16gb", help="device preset for analytic costs")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                        help="activation precision the analytic costs count (bf16: training under autocast)")
+    parser.add_argument("--use-all-devices", action="store_true",
+                        help="keep only plans that use every device (default: a plan may leave some idle)")
     parser.add_argument("-o", "--output", default=None, metavar="PLAN.json", help="write the plan here")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.set_defaults(func=run)
@@ -41,16 +45,19 @@ def run(args: argparse.Namespace) -> int:
     from graphpipe.cost.analytic import analytic_costs
     from graphpipe.cost.cluster import Cluster
     from graphpipe.cost.cost_table import CostTable
+    from graphpipe.graph.precision import with_activation_dtype
     from graphpipe.planning import plan
+    from graphpipe.train import ACTIVATION_DTYPES
 
     _, graph = capture_from_args(args)
-    costs = CostTable.load(args.costs) if args.costs else analytic_costs(graph, args.device)
+    costed = with_activation_dtype(graph, ACTIVATION_DTYPES[args.dtype])
+    costs = CostTable.load(args.costs) if args.costs else analytic_costs(costed, args.device)
     cluster = Cluster.preset(args.cluster, args.devices)
     sizes = parse_sizes(args.micro_batch_sizes)
     limit = args.memory_limit_gib * 2**30 if args.memory_limit_gib is not None else None
     global_batch = args.global_batch or args.batch or 128
     result = plan(graph, costs, cluster, global_batch, planner=args.planner, micro_batch_sizes=sizes,
-                  memory_limit=limit, rank_by=args.rank_by)
+                  memory_limit=limit, rank_by=args.rank_by, use_all_devices=args.use_all_devices)
     result = dataclasses.replace(result, model_spec=model_spec_from_args(args, args.device))
     if args.output:
         result.save(args.output)
@@ -58,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
         print_json(result.to_dict())
     else:
         print(render_plan(result))
+        for note in result.notes:
+            print(f"note: {note}")
         if args.output:
             print(f"wrote {args.output}")
     return 0

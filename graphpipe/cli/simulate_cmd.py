@@ -16,7 +16,7 @@ from typing import Any
 from graphpipe.cli.common import format_bytes, positive_int, print_json
 from graphpipe.cost.cluster import Cluster
 from graphpipe.cost.cost_table import CostTable
-from graphpipe.errors import ModelLoadError
+from graphpipe.errors import ModelLoadError, UsageError
 from graphpipe.planner.stage_graph import Plan
 from graphpipe.simulation.result import SimResult
 
@@ -89,10 +89,13 @@ def model_spec_from_args(args: argparse.Namespace, device: str) -> dict[str, Any
 
 
 def load_costs(plan: Plan, args: argparse.Namespace) -> CostTable:
-    """`--costs`, else analytic costs of the plan's model on the plan's (or --device's) device."""
+    """`--costs`, else analytic costs of the plan's model on the plan's (or --device's) device; UsageError
+    when the plan does not cover that model (or those costs)."""
     if args.costs:
-        return CostTable.load(args.costs)
-    from graphpipe.cli.common import capture_from_args, model_options
+        costs = CostTable.load(args.costs)
+        check_costs_fit_plan(costs, plan, args.plan, args.costs)
+        return costs
+    from graphpipe.cli.common import capture_from_args, check_plan_fits_graph, model_options
     from graphpipe.cost.analytic import analytic_costs
 
     spec = resolve_model_spec(plan, args.model, args.preset, args.batch, model_options(args))
@@ -101,8 +104,23 @@ def load_costs(plan: Plan, args: argparse.Namespace) -> CostTable:
                                    model_options=options, leaf_modules=spec.get("leaf_modules", []), seed=0,
                                    capture=plan.capture)  # the method that made the plan
     _, graph = capture_from_args(namespace)
+    check_plan_fits_graph(plan, graph, args.plan)
     device = args.device or spec.get("device") or plan.cluster.get("device", {}).get("name") or "v100-16gb"
     return analytic_costs(graph, device)
+
+
+def check_costs_fit_plan(costs: CostTable, plan: Plan, plan_path: str, costs_path: str) -> None:
+    """UsageError unless the cost table and the plan hold the same ops (one model, one capture)."""
+    planned = [op for stage in plan.stages for op in stage.ops]
+    unpriced = [op for op in planned if op not in costs.entries]
+    unplanned = sorted(set(costs.entries) - set(planned))
+    if not unpriced and not unplanned:
+        return
+    problem = (f"{costs_path} has no cost for {len(unpriced)} of the plan's {len(planned)} ops (e.g. {unpriced[:3]})"
+               if unpriced else f"the plan leaves {len(unplanned)} ops of {costs_path} in no stage (e.g. "
+                                f"{unplanned[:3]})")
+    raise UsageError(f"plan {plan_path} (graph {plan.graph_name!r}) does not fit the costs: {problem}; profile "
+                     "the model the plan was made from, or re-plan with these costs")
 
 
 def resolve_model_spec(plan: Plan, model: str | None, preset: str | None, batch: int | None,

@@ -11,16 +11,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from graphpipe.cli.common import format_bytes, positive_int, print_json
-from graphpipe.errors import TrainingError
+from graphpipe.errors import TrainingError, UsageError
 from graphpipe.planner.stage_graph import Plan
 
 FORWARDED = ("model", "preset", "steps", "schedule", "lr", "seed", "checkpoint_dir", "save_every", "trace",
-             "timeout", "threads")
+             "timeout", "threads", "dtype")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -35,6 +36,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--nproc", type=positive_int, required=True, help="processes (devices) to start")
     parser.add_argument("--plan", default=None, help="plan.json for --nproc devices (default: plan now)")
     parser.add_argument("--batch", type=positive_int, default=None, help="mini-batch size when planning")
+    parser.add_argument("--use-all-devices", action="store_true",
+                        help="when planning, keep only plans that use all --nproc devices (default: a plan may "
+                             "leave some ranks idle)")
     parser.add_argument("--planner", default="graphpipe", help="planner when planning (default graphpipe)")
     parser.add_argument("--json", action="store_true", help="print the per-step metrics as JSON")
     parser.set_defaults(func=run)
@@ -42,15 +46,17 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from graphpipe.runtime.launch import launch
+    from graphpipe.train import train_args_problem
 
+    problem = train_args_problem(args) or _nothing_to_resume(args)
+    if problem:
+        raise UsageError(problem)
     with tempfile.TemporaryDirectory(prefix="graphpipe-train-") as scratch:
-        if args.plan and not Path(args.plan).is_file():
-            raise TrainingError(f"plan file {args.plan} does not exist; make one with `graphpipe plan -o plan.json`")
-        plan_path = args.plan or _plan_now(args, Path(scratch) / "plan.json")
-        plan = Plan.load(plan_path)
-        if plan.world_size != args.nproc:
-            raise TrainingError(f"the plan uses {plan.world_size} devices but --nproc is {args.nproc}: pass "
-                                f"--nproc {plan.world_size} or a plan made for {args.nproc} devices")
+        if args.plan:
+            plan_path, plan = args.plan, _given_plan(args)
+        else:
+            plan_path = _plan_now(args, Path(scratch) / "plan.json")
+            plan = Plan.load(plan_path)
         metrics_path = Path(scratch) / "metrics.jsonl"
         result = launch(args.nproc, [*_forwarded(args), "--plan", str(plan_path), "--metrics-out", str(metrics_path)])
         if result.returncode != 0:
@@ -62,6 +68,56 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render_metrics(rows))
     return 0
+
+
+def _nothing_to_resume(args: argparse.Namespace) -> str | None:
+    """--resume where no step was ever saved completely: said here, before any process starts. (Whether
+    the newest step is intact the ranks decide, each from the files.)"""
+    from graphpipe.runtime.checkpoint import complete_steps
+
+    if args.resume and not complete_steps(args.checkpoint_dir):
+        return (f"--resume: {args.checkpoint_dir} holds no complete checkpoint (no step_N/complete); train "
+                "without --resume to start from scratch")
+    return None
+
+
+def _given_plan(args: argparse.Namespace) -> Plan:
+    """The --plan file, checked here against --nproc and the model: the workers take seconds to start,
+    and each would only repeat the same error."""
+    plan = Plan.load(args.plan)
+    if plan.world_size > args.nproc:
+        raise UsageError(f"the plan uses {plan.world_size} devices but --nproc is {args.nproc}: pass "
+                         f"--nproc {plan.world_size} or a plan made for {args.nproc} devices")
+    check_plan_fits_model(plan, args)
+    _say_idle(plan, args.nproc)
+    return plan
+
+
+def _say_idle(plan: Plan, nproc: int) -> None:
+    if plan.world_size < nproc:
+        idle = f"rank {plan.world_size} stays" if nproc - plan.world_size == 1 else \
+            f"ranks {plan.world_size}-{nproc - 1} stay"
+        print(f"graphpipe train: the plan uses {plan.world_size} of {nproc} ranks; {idle} idle (plan with "
+              "--use-all-devices to use them all)", file=sys.stderr, flush=True)
+
+
+def check_plan_fits_model(plan: Plan, args: argparse.Namespace) -> None:
+    """Capture the model the ranks will build (as `graphpipe.train` resolves it from the plan's model_spec
+    and the command line) and check that the plan covers its graph; UsageError if not."""
+    from graphpipe.cli.common import capture_from_args, check_plan_fits_graph, model_options
+
+    spec = dict(plan.model_spec)
+    name = args.model or spec.get("model")
+    if not name:
+        raise UsageError(f"plan {args.plan} does not record which model it was made for: pass --model")
+    options = {**dict(spec.get("options") or {}), **model_options(args)}
+    namespace = argparse.Namespace(
+        model=name, preset=args.preset or spec.get("preset") or "tiny", batch=plan.global_batch_size,
+        model_options=[f"{key}={json.dumps(value)}" for key, value in options.items()],
+        leaf_modules=args.leaf_modules or list(spec.get("leaf_modules") or ()), seed=args.seed,
+        capture=plan.capture)
+    _, graph = capture_from_args(namespace)
+    check_plan_fits_graph(plan, graph, args.plan)
 
 
 def _forwarded(args: argparse.Namespace) -> list[str]:
@@ -84,24 +140,26 @@ def _plan_now(args: argparse.Namespace, path: Path) -> str:
     from graphpipe.cli.common import capture_from_args, model_options
     from graphpipe.cost.analytic import analytic_costs
     from graphpipe.cost.cluster import Cluster
+    from graphpipe.graph.precision import with_activation_dtype
     from graphpipe.planning import plan as make_plan
+    from graphpipe.train import ACTIVATION_DTYPES
 
     if not args.model:
-        raise TrainingError("pass --model (or --plan plan.json) so that there is something to train")
+        raise UsageError("pass --model (or --plan plan.json) so that there is something to train")
     args.preset = args.preset or "tiny"
     zoo, graph = capture_from_args(args)
     batch = args.batch or zoo.batch_size
     cluster = Cluster.preset("local-cpu", args.nproc)
-    planned = make_plan(graph, analytic_costs(graph, cluster.device), cluster, batch, planner=args.planner)
+    costs = analytic_costs(with_activation_dtype(graph, ACTIVATION_DTYPES[args.dtype]), cluster.device)
+    planned = make_plan(graph, costs, cluster, batch, planner=args.planner, use_all_devices=args.use_all_devices)
     spec = {"model": args.model, "preset": args.preset, "batch": args.batch, "options": model_options(args),
             "leaf_modules": list(args.leaf_modules), "device": cluster.device.name, "capture": graph.capture}
     planned = dataclasses.replace(planned, model_spec=spec)
-    if planned.world_size != args.nproc:
-        raise TrainingError(f"the {args.planner} planner uses {planned.world_size} of {args.nproc} devices for "
-                            f"{args.model} ({args.preset}) with a mini-batch of {batch}: the model is too small to "
-                            f"gain from more; run with --nproc {planned.world_size}, a larger --batch or preset")
     planned.save(str(path))
-    print(f"planned {planned}", flush=True)
+    print(f"graphpipe train: planned {planned}", file=sys.stderr, flush=True)  # stdout is for the results
+    for note in planned.notes:
+        print(f"graphpipe train: note: {note}", file=sys.stderr, flush=True)
+    _say_idle(planned, args.nproc)
     return str(path)
 
 

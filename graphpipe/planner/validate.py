@@ -20,9 +20,7 @@ from graphpipe.planner.stage_graph import Plan
 def validate_plan(plan: Plan, graph: OpGraph, cluster: Cluster | None = None,
                   memory_limit: float | None = None) -> None:
     """Raise PlanValidationError naming the first broken invariant."""
-    stage_of = _check_cover(plan, graph)
-    _check_convex(plan, graph, stage_of)
-    _check_edges(plan, graph, stage_of)
+    validate_structure(plan, graph)
     _check_devices(plan, cluster)
     _check_in_flight(plan)
     limit = memory_limit if memory_limit is not None else (cluster.device.memory_bytes if cluster else None)
@@ -32,6 +30,14 @@ def validate_plan(plan: Plan, graph: OpGraph, cluster: Cluster | None = None,
                 raise PlanValidationError(
                     f"stage {stage.idx} needs {stage.memory_bytes / 2**30:.2f} GiB per device but a device has "
                     f"{limit / 2**30:.2f} GiB: use a smaller micro-batch or more devices")
+
+
+def validate_structure(plan: Plan, graph: OpGraph) -> None:
+    """What the runtime and the simulator need of a plan for `graph`: every op in exactly one stage, convex
+    stages, stage edges equal to the data edges that cross. (In-flight counts and memory are predictions.)"""
+    stage_of = _check_cover(plan, graph)
+    _check_convex(plan, graph, stage_of)
+    _check_edges(plan, graph, stage_of)
 
 
 def check_runtime_rules(plan: Plan, graph: OpGraph) -> None:

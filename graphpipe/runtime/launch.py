@@ -1,19 +1,26 @@
-"""Start `python -m graphpipe.train` on this machine with torchrun, and name the rank that failed.
+"""Start `python -m graphpipe.train` on this machine with torchrun, supervise it, and name the rank that failed.
 
 torchrun stops every rank when one exits non-zero and prints a summary whose "Root
 Cause" names the first failed rank and its exit code; `launch` passes the output through
 and parses that summary (or a rank's own `rank R: error:` line) into a `LaunchResult`.
+torchrun runs in a session of its own and its ranks in theirs, so the launcher owns their
+end: on SIGINT, SIGTERM or SIGHUP it stops torchrun and every process under it (SIGTERM,
+then SIGKILL after a grace period) and raises `Stopped`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 _ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.DOTALL)
 _FAILURE = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
@@ -44,18 +51,165 @@ def torchrun_command(nproc: int, train_args: Sequence[str]) -> list[str]:
             "--max-restarts=0", "--monitor-interval=0.5", "-m", "graphpipe.train", *train_args]
 
 
+class Stopped(KeyboardInterrupt):
+    """The launcher got SIGINT, SIGTERM or SIGHUP and has stopped torchrun and the workers."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 def launch(nproc: int, train_args: Sequence[str], *, env: dict[str, str] | None = None) -> LaunchResult:
-    """Run torchrun to completion, forwarding its output; parse the failure summary."""
+    """Run torchrun to completion, forwarding its output (and the ranks' stdout) to stderr; parse the
+    failure summary. torchrun runs in its own session, so a Ctrl-C reaches only this process: on SIGINT,
+    SIGTERM or SIGHUP the launcher stops torchrun and every worker, then raises `Stopped`."""
     child_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    proc = subprocess.Popen(torchrun_command(nproc, train_args), stderr=subprocess.PIPE, env=child_env)
-    assert proc.stderr is not None
-    tail = ""
-    while chunk := os.read(proc.stderr.fileno(), 65536):
-        sys.stderr.write(chunk.decode(errors="replace"))
-        sys.stderr.flush()
-        tail = (tail + chunk.decode(errors="replace"))[-200_000:]
-    returncode = proc.wait()
-    return parse_failure(returncode, tail)
+    read_fd, write_fd = os.pipe()
+    relay = _Relay(read_fd)
+    relay.start()
+    proc: subprocess.Popen[bytes] | None = None
+    with _StopSignals() as stop:
+        try:
+            try:
+                proc = subprocess.Popen(torchrun_command(nproc, train_args), stdout=write_fd, stderr=write_fd,
+                                        env=child_env, start_new_session=True)
+            finally:
+                os.close(write_fd)  # the children hold the pipe now; the relay sees EOF when they are gone
+            stop.arm()  # a signal that came while torchrun started raises here, with `proc` known
+            returncode = proc.wait()
+        except BaseException:
+            stop.disarm()  # a second Ctrl-C must not cut the clean-up short
+            relay.mute()
+            if proc is not None:
+                stop_process_tree(proc)
+            raise
+        finally:
+            relay.join(timeout=_RELAY_JOIN_S)
+    return parse_failure(returncode, relay.tail)
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_GRACE_S = 5.0  # after SIGTERM, how long torchrun and the workers get before SIGKILL
+_RELAY_JOIN_S = 5.0
+
+
+class _StopSignals:
+    """While supervising, SIGINT, SIGTERM and SIGHUP raise `Stopped` (the default SIGTERM would end this
+    process at once and leave torchrun and the workers running). Unarmed, a signal is only recorded,
+    to be raised by `arm`: nothing is raised between starting torchrun and knowing its pid."""
+
+    def __init__(self) -> None:
+        self._armed = False
+        self._received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in _STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._previous.items():
+            signal.signal(sig, old)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self._received = signum
+        if self._armed:
+            raise Stopped(signum)
+
+    def arm(self) -> None:
+        self._armed = True
+        if self._received is not None:
+            raise Stopped(self._received)
+
+    def disarm(self) -> None:
+        self._armed = False
+
+
+def stop_process_tree(proc: subprocess.Popen[bytes], grace_s: float = _GRACE_S) -> None:
+    """SIGTERM torchrun and every process under it (the workers run in sessions of their own, so torchrun's
+    process group does not reach them), then SIGKILL whatever is left after `grace_s`."""
+    tree = _descendants(proc.pid)
+    _signal(proc, tree, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace_s)
+    _signal(proc, tree | _descendants(proc.pid), signal.SIGKILL)
+    proc.wait()
+
+
+def _signal(proc: subprocess.Popen[bytes], tree: set[tuple[int, int]], sig: signal.Signals) -> None:
+    """Send `sig` to torchrun's process group while torchrun is unreaped (its id cannot have been reused),
+    and to each (pid, start time) in `tree` that is still that process."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+    for pid, started in tree:
+        if _start_time(pid) == started:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+
+def _descendants(root: int) -> set[tuple[int, int]]:
+    """(pid, start time) of every process under `root`, from /proc (empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        stat = _stat_fields(int(entry.name))
+        if stat is not None:
+            children.setdefault(int(stat[1]), []).append(int(entry.name))
+    found: set[tuple[int, int]] = set()
+    stack = list(children.get(root, ()))
+    while stack:
+        pid = stack.pop()
+        started = _start_time(pid)
+        if started is not None:
+            found.add((pid, started))
+        stack.extend(children.get(pid, ()))
+    return found
+
+
+def _start_time(pid: int) -> int | None:
+    stat = _stat_fields(pid)
+    return int(stat[19]) if stat is not None else None
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat from the state field on (index 0 state, 1 ppid, 19 start time), or None."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2:].split()
+
+
+class _Relay(threading.Thread):
+    """Copies torchrun's output to stderr and keeps its tail for `parse_failure`; muted once the launcher
+    stops the run, so an interrupt ends with one line, not every rank's traceback."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__(name="graphpipe-launch-relay", daemon=True)
+        self._fd = fd
+        self._muted = False
+        self._at_line_start = True
+        self.tail = ""
+
+    def run(self) -> None:
+        try:
+            while chunk := os.read(self._fd, 65536):
+                text = chunk.decode(errors="replace")
+                self.tail = (self.tail + text)[-200_000:]
+                if not self._muted:
+                    sys.stderr.write(text)
+                    sys.stderr.flush()
+                    self._at_line_start = text.endswith("\n")
+        finally:
+            os.close(self._fd)
+
+    def mute(self) -> None:
+        """Stop forwarding; end a half-written line (a progress bar) so what follows starts a line."""
+        self._muted = True
+        if not self._at_line_start:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
 
 
 def parse_failure(returncode: int, output: str) -> LaunchResult:

@@ -33,8 +33,9 @@ def _plan_file(tmp_path: Path) -> Path:
     return path
 
 
-def _train(plan: Path, ckpt: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "graphpipe.cli.main", "train", "--plan", str(plan), "--nproc", "3",
+def _train(plan: Path, ckpt: Path, *extra: str, env: dict[str, str] | None = None,
+           nproc: int = 3) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "graphpipe.cli.main", "train", "--plan", str(plan), "--nproc", str(nproc),
                "--steps", str(NUM_STEPS), "--lr", str(LR), "--checkpoint-dir", str(ckpt), "--save-every", "1",
                "--json", *extra]
     return subprocess.run(command, capture_output=True, text=True, timeout=240, env={**os.environ, **(env or {})})
@@ -66,8 +67,9 @@ def test_a_killed_rank_ends_the_run_and_resume_continues_from_the_last_complete_
     assert latest is not None and latest.name == "step_3"
     assert read_complete(latest)["step"] == 3
 
-    resumed = _train(plan, ckpt, "--resume", "--trace", str(tmp_path / "trace"))
+    resumed = _train(plan, ckpt, "--resume", "--trace", str(tmp_path / "trace"), nproc=4)  # rank 3 idles
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "rank 3 stays idle" in resumed.stderr and "rank 3: idle" in resumed.stderr
     steps = json.loads(resumed.stdout)["steps"]
     assert [row["step"] for row in steps] == [4, 5]
     expected = _reference_losses()[3:]

@@ -218,3 +218,16 @@ def compare(losses: list[float], params: dict[str, torch.Tensor], expected_losse
 
 def clone_model(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model)
+
+
+def in_memory_trainers(name: str, schedule: str = "1f1b") -> list[Any]:
+    """One PipelineTrainer per rank of the scenario's plan, joined by an InMemoryHub (Adam, lr LR)."""
+    from graphpipe.runtime.comm import InMemoryHub
+    from graphpipe.runtime.trainer import PipelineTrainer
+
+    scenario = SCENARIOS[name]
+    plan = scenario.plan()
+    hub = InMemoryHub(plan.world_size, timeout_s=15)
+    return [PipelineTrainer(scenario.model(), plan, optimizer=lambda ps: torch.optim.Adam(ps, lr=LR),
+                            loss_fn=scenario.loss_fn, schedule=schedule, transport=hub.transport(rank), rank=rank)
+            for rank in range(plan.world_size)]

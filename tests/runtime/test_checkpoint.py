@@ -9,21 +9,15 @@ import torch
 
 from graphpipe.errors import TrainingError
 from graphpipe.runtime.checkpoint import COMPLETE, latest_complete
-from graphpipe.runtime.comm import InMemoryHub
 from graphpipe.runtime.trainer import PipelineTrainer
 from tests.runtime.helpers import run_threads
-from tests.runtime.scenarios import LR, SCENARIOS, reference
+from tests.runtime.scenarios import SCENARIOS, in_memory_trainers, reference
 
 NAME = "dp_stage3"  # a data-parallel stage: only its first rank writes the stage file
 
 
 def _trainers() -> list[PipelineTrainer]:
-    scenario = SCENARIOS[NAME]
-    plan = scenario.plan()
-    hub = InMemoryHub(plan.world_size, timeout_s=15)
-    return [PipelineTrainer(scenario.model(), plan, optimizer=lambda ps: torch.optim.Adam(ps, lr=LR),
-                            loss_fn=scenario.loss_fn, schedule="1f1b", transport=hub.transport(rank), rank=rank)
-            for rank in range(plan.world_size)]
+    return in_memory_trainers(NAME)
 
 
 def _steps(trainers: list[PipelineTrainer], batches: list, save_to: Path | None = None) -> list[float]:

@@ -1,0 +1,110 @@
+"""`graphpipe train` supervised under torchrun: SIGINT and SIGTERM stop every worker and end with one line;
+--resume past a damaged newest checkpoint continues on every rank from the newest intact one."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from graphpipe.models import load_model
+from graphpipe.runtime.checkpoint import complete_steps
+from tests.runtime.helpers import by_target, plan_from
+
+pytestmark = pytest.mark.dist
+SAVE_EVERY = 20
+STARTED_S = 120.0  # generous bounds on a loaded machine: torchrun and 3 ranks start, train, save
+ENDED_S = 60.0
+
+
+def _plan_file(tmp_path: Path) -> Path:
+    zoo = load_model("toy_diamond", "tiny", batch_size=8)
+    plan = plan_from(zoo.model, by_target([("stem", 0), ("left", 1), ("right", 2), ("add", 2)]),
+                     [(0,), (1,), (2,)], micro_batch_size=2, global_batch_size=8)
+    path = tmp_path / "plan.json"
+    dataclasses.replace(plan, model_spec={"model": "toy_diamond", "preset": "tiny"}).save(str(path))
+    return path
+
+
+def _command(plan: Path, ckpt: Path, steps: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "graphpipe.cli.main", "train", "--plan", str(plan), "--nproc", "3", "--steps",
+            str(steps), "--checkpoint-dir", str(ckpt), "--save-every", str(SAVE_EVERY), *extra]
+
+
+def _processes_naming(text: str) -> list[int]:
+    """Pids whose command line contains `text` (the run's unique plan path: torchrun and its ranks)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if text in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _stop_mid_run(tmp_path: Path, sig: signal.Signals) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
+    """Start a long run, send `sig` to `graphpipe train` once two checkpoints are complete, wait for the end."""
+    plan, ckpt = _plan_file(tmp_path), tmp_path / "ckpt"
+    stderr_path = tmp_path / "stderr.txt"
+    with open(stderr_path, "w") as stderr:
+        proc = subprocess.Popen(_command(plan, ckpt, 1_000_000), stdout=subprocess.PIPE, stderr=stderr, text=True)
+    try:
+        deadline = time.monotonic() + STARTED_S
+        while len(complete_steps(ckpt)) < 2:
+            assert proc.poll() is None, stderr_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no two checkpoints saved in time"
+            time.sleep(0.2)
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=ENDED_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in _processes_naming(str(plan)):  # only if the launcher failed to stop them
+            os.kill(pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, stderr_path.read_text()), plan, ckpt
+
+
+def _workers_gone(plan: Path) -> bool:
+    deadline = time.monotonic() + ENDED_S
+    while _processes_naming(str(plan)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def test_sigint_stops_every_worker_and_exits_130_with_one_line(tmp_path: Path) -> None:
+    done, plan, _ = _stop_mid_run(tmp_path, signal.SIGINT)
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert done.stderr.splitlines()[-1] == "graphpipe train: interrupted"
+    assert "Traceback" not in done.stderr
+    assert _workers_gone(plan), "workers still run after graphpipe train ended"
+
+
+def test_sigterm_stops_every_worker_then_resume_skips_a_damaged_step(tmp_path: Path) -> None:
+    done, plan, ckpt = _stop_mid_run(tmp_path, signal.SIGTERM)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr[-3000:]
+    assert done.stderr.splitlines()[-1] == "graphpipe train: stopped by SIGTERM"
+    assert _workers_gone(plan), "workers still run after graphpipe train ended"
+
+    newest, intact = complete_steps(ckpt)[:2]
+    stage_file = newest / "stage_2.pt"
+    size = stage_file.stat().st_size
+    stage_file.write_bytes(stage_file.read_bytes()[: size // 2])  # rank 2's file, cut short
+    steps = int(newest.name.split("_")[1])
+    resumed = subprocess.run(_command(plan, ckpt, steps, "--resume", "--json"), capture_output=True, text=True,
+                             timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (f"graphpipe train: {newest.name} is damaged (stage_2.pt: {size // 2} of {size} bytes); resuming from "
+            f"{intact.name}") in resumed.stderr
+    done_steps = [row["step"] for row in json.loads(resumed.stdout)["steps"]]
+    assert done_steps == list(range(int(intact.name.split("_")[1]) + 1, steps + 1))

@@ -38,11 +38,6 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
         raise
 
 
-def read_json(path: str | os.PathLike[str]) -> Any:
-    with open(path) as handle:
-        return json.load(handle)
-
-
 def read_json_object(path: str | os.PathLike[str], kind: str = "JSON", made_by: str = "") -> dict[str, Any]:
     """The JSON object in `path`; InputFileError saying what is wrong with the file (`kind` names it in
     the message, `made_by` is the command that writes a good one)."""

@@ -25,6 +25,7 @@ from graphpipe.errors import TrainingError
 from graphpipe.planner.stage_graph import Plan
 from graphpipe.runtime.comm import Transport
 from graphpipe.runtime.lowering import Piece, message_pieces, share
+from graphpipe.runtime.shared_grads import SharedGrads
 from graphpipe.runtime.stage_module import MODEL_OUTPUT, StageModule
 from graphpipe.schedule.action import Action, ActionKind
 
@@ -58,7 +59,7 @@ class StageExecutor:
 
     def __init__(self, *, plan: Plan, stage: StageModule, rank: int, transport: Transport, loss_fn: LossFn,
                  params: Sequence[torch.nn.Parameter] = (), on_step: Callable[[], None] | None = None,
-                 autocast: torch.dtype | None = None) -> None:
+                 autocast: torch.dtype | None = None, shared: SharedGrads | None = None) -> None:
         self.plan = plan
         self.stage = stage
         self.spec = stage.spec
@@ -68,6 +69,11 @@ class StageExecutor:
         self.params = tuple(params)
         self.on_step = on_step  # the optimizer step: STEP runs it in its place in the schedule
         self.autocast = autocast  # forwards and the loss run under torch.autocast with this dtype
+        self.shared = shared  # parameters other stages hold too: their gradients are summed over the plan
+        named = dict(stage.named_parameters())
+        self.shared_held = {name: named[name] for name in stage.spec.shared_params}
+        held = {id(param) for param in self.shared_held.values()}
+        self.local_params = tuple(param for param in self.params if id(param) not in held)
         self.stage_info = plan.stages[self.spec.stage_idx]
         self._known: dict[tuple[int, str], tuple[torch.dtype, tuple[int, ...]]] = {}  # (peer, value) -> meta
         self._sent_header: set[tuple[int, str]] = set()
@@ -249,16 +255,21 @@ class StageExecutor:
                 state.grads.setdefault(name, []).append((dst_stage, piece.start - offset, grad))
 
     def _all_reduce(self) -> None:
+        self._data_parallel_all_reduce()
+        if self.shared is not None:
+            self.shared.all_reduce(self.shared_held, self.transport)
+
+    def _data_parallel_all_reduce(self) -> None:
         ranks = self.stage_info.ranks
         if len(ranks) <= 1:
             return
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.local_params]
         if not grads:
             return
         flat = torch.cat([g.reshape(-1) for g in grads])
         self.transport.all_reduce_sum_(flat, ranks)
         pos = 0
-        for param, grad in zip(self.params, grads):
+        for param, grad in zip(self.local_params, grads):
             count = grad.numel()
             param.grad = flat[pos:pos + count].view_as(grad).clone()
             pos += count

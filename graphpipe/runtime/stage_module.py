@@ -13,9 +13,9 @@ without a batch axis are passed whole, the others cut by sample. A received valu
 stage changes in place (`nn.ReLU(inplace=True)` as its first op) is cloned first, so the
 tensor autograd tracks for the sender is never overwritten.
 
-Shared parameters: a parameter lives in exactly one stage. A parameter read by ops of two
-stages (a module called twice, tied weights) is rejected when the stages are built, with
-a message naming the parameter and the stages; put those ops in one stage.
+Shared parameters: a parameter read by ops of several stages (tied embeddings, a module
+called twice) is held by each of them (`StageSpec.shared_params`); the executor sums its
+gradient over every rank of those stages before the optimizer step, so the copies stay equal.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ class StageSpec:
     buffer_names: tuple[str, ...] = ()
     is_sink: bool = False
     free_nodes: tuple[str, ...] = ()  # replicated nodes this stage computes for itself
+    shared_params: tuple[str, ...] = ()  # of param_names, those other stages hold too
     data_batch_axes: Mapping[str, int | None] = field(default_factory=dict)  # data input -> axis cut by sample
 
 
@@ -113,7 +114,7 @@ def stage_specs(gm: torch.fx.GraphModule, plan: Plan) -> tuple[StageSpec, ...]:
                 _check_edge(plan, stage_of[src_node.name], dst, src_node.name, node.name)
                 crossing.setdefault((stage_of[src_node.name], dst), {})[src_node.name] = None
     order = {node.name: idx for idx, node in enumerate(nodes)}
-    params, buffers = _owned_tensors(gm, stage_of, num_stages)
+    params, buffers, shared = _owned_tensors(gm, stage_of, num_stages)
     sink = stage_of[next(node.name for node in nodes if node.op == "output")]
     axes = {node.name: plan.input_batch_axes.get(node.name, 0) for node in nodes if node.op == "placeholder"}
     specs = []
@@ -127,6 +128,7 @@ def stage_specs(gm: torch.fx.GraphModule, plan: Plan) -> tuple[StageSpec, ...]:
             inputs=_sorted_union(recvs.values(), order), outputs=_sorted_union(sends.values(), order),
             recvs=recvs, sends=sends, param_names=params[idx], buffer_names=buffers[idx], is_sink=idx == sink,
             free_nodes=tuple(name for name in order if name in closure and name not in axes),
+            shared_params=tuple(name for name in params[idx] if name in shared),
             data_batch_axes={name: axes[name] for name in data_inputs}))
     return tuple(specs)
 
@@ -176,8 +178,8 @@ def _sorted_union(groups: Any, order: Mapping[str, int]) -> tuple[str, ...]:
 
 
 def _owned_tensors(gm: torch.fx.GraphModule, stage_of: Mapping[str, int],
-                   num_stages: int) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
-    """Parameter and buffer names per stage; a parameter read by two stages is an error."""
+                   num_stages: int) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]], set[str]]:
+    """Parameter and buffer names per stage, and the parameters several stages hold (each holds a copy)."""
     param_names = {id(p): name for name, p in gm.named_parameters()}
     buffer_names = {id(b): name for name, b in gm.named_buffers()}
     param_stages: dict[str, dict[int, str]] = {}
@@ -189,21 +191,18 @@ def _owned_tensors(gm: torch.fx.GraphModule, stage_of: Mapping[str, int],
                 param_stages.setdefault(param_names[id(tensor)], {}).setdefault(stage, reader)
             elif id(tensor) in buffer_names:
                 buffer_stages.setdefault(buffer_names[id(tensor)], set()).add(stage)
-    for name, readers in param_stages.items():
-        if len(readers) > 1:
-            where = ", ".join(f"stage {s} (op {op!r})" for s, op in sorted(readers.items()))
-            raise TrainingError(f"parameter {name!r} is used by {where}; a parameter must live in exactly one "
-                                "stage: plan those ops into one stage (graphpipe does not sync shared weights)")
+    shared = {name for name, readers in param_stages.items() if len(readers) > 1}
     sink = stage_of[next(node.name for node in gm.graph.nodes if node.op == "output")]
     params: list[list[str]] = [[] for _ in range(num_stages)]
     for name, readers in param_stages.items():
-        params[next(iter(readers))].append(name)
+        for stage in sorted(readers):
+            params[stage].append(name)
     params[sink] += [name for name in dict.fromkeys(param_names.values()) if name not in param_stages]  # unused
     buffers: list[list[str]] = [[] for _ in range(num_stages)]
     for name, stages in buffer_stages.items():
         buffers[min(stages)].append(name)
     buffers[sink] += [name for name in dict.fromkeys(buffer_names.values()) if name not in buffer_stages]
-    return [tuple(p) for p in params], [tuple(b) for b in buffers]
+    return [tuple(p) for p in params], [tuple(b) for b in buffers], shared
 
 
 def _tensors_read(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[tuple[str, torch.Tensor]]:

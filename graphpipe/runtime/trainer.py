@@ -24,6 +24,7 @@ from graphpipe.planner.stage_graph import Plan
 from graphpipe.runtime.checkpoint import load_stage, save_stage
 from graphpipe.runtime.comm import DistTransport, Transport
 from graphpipe.runtime.executor import LossFn, StageExecutor
+from graphpipe.runtime.shared_grads import SharedGrads
 from graphpipe.runtime.stage_module import StageModule, split_stages
 from graphpipe.schedule.action import Action, ActionKind
 from graphpipe.schedule.schedule import Schedule
@@ -66,7 +67,8 @@ class PipelineTrainer:
         self.captured = _capture(model, plan, example_inputs, leaf_modules)
         traced = self.captured.module if isinstance(self.captured, CapturedModule) else self.captured
         self.input_names = tuple(node.name for node in traced.graph.nodes if node.op == "placeholder")
-        self.stage: StageModule = split_stages(self.captured, plan)[self.stage_info.idx]
+        stages = split_stages(self.captured, plan)
+        self.stage: StageModule = stages[self.stage_info.idx]
         self.stage.module.to(self.device)
         self.schedule = _make_schedule(plan, schedule)
         self.actions: tuple[Action, ...] = self.schedule.for_stage(self.stage_info.idx)
@@ -76,8 +78,11 @@ class PipelineTrainer:
         params = [param for _, param in self.stage.named_parameters()]
         # a stage without parameters (a parameter-free merge, say) has nothing to optimise
         self.optimizer: torch.optim.Optimizer | None = optimizer(params) if params else None
+        shared_names = {name for stage in stages for name in stage.spec.shared_params}
+        shared = SharedGrads.of(sorted(shared_names), traced, range(plan.world_size)) if shared_names else None
         self.executor = StageExecutor(plan=plan, stage=self.stage, rank=rank, transport=transport,
-                                      loss_fn=loss_fn, params=params, on_step=self._optimizer_step, autocast=autocast)
+                                      loss_fn=loss_fn, params=params, on_step=self._optimizer_step, autocast=autocast,
+                                      shared=shared)
 
     def _dist_transport(self, process_group: Any) -> tuple[Transport, int]:
         if not dist.is_initialized():

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.fx
 from torch import nn
 
 from graphpipe.model_inputs import as_model_inputs
@@ -149,6 +150,28 @@ ZOO_SCENARIOS: tuple[Scenario, ...] = (
     _clip_towers(),
 )
 
+def _tied_batches(num_steps: int) -> list[tuple[Any, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(7)
+    return [((torch.randint(0, 50, (8, 5), generator=gen), torch.randint(0, 50, (8, 7), generator=gen)),
+             torch.randn(8, 50, generator=gen)) for _ in range(num_steps)]
+
+
+def tied_stage(node: torch.fx.Node) -> int | None:
+    """The embedding's two calls and the output layer tied to it on three different stages."""
+    name = node.name
+    if name in ("embed", "mean") or name.startswith("left_"):
+        return 0
+    if name in ("embed_1", "mean_1") or name.startswith("right_"):
+        return 1
+    return 2 if name in ("add", "t", "matmul") else None
+
+
+def _tied_towers() -> nn.Module:
+    from tests.corpus.models import TiedTowers
+
+    return TiedTowers()
+
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     *ZOO_SCENARIOS,
     Scenario(name="chain2", make_model=Chain, make_batches=_batches(8),
@@ -176,6 +199,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              make_plan=lambda m: plan_from(m, by_target([("stem", 0), ("towers.0", 1), ("towers.1", 2), ("cat", 2)]),
                                            [(0,), (1,), (2,)], micro_batch_size=(4, 2, 2), global_batch_size=8),
              schedules=("1f1b", "gpipe", "kfkb")),
+    Scenario(name="tied_towers3", make_model=_tied_towers, make_batches=_tied_batches,
+             make_plan=lambda m: plan_from(m, tied_stage, [(0,), (1,), (2,)], micro_batch_size=2,
+                                           global_batch_size=8)),
     Scenario(name="two_inputs3", make_model=TwoInputs, make_batches=_batches(6, tokens=True),
              make_plan=lambda m: plan_from(m, by_target([("emb", 0), ("a", 1), ("add", 2)]), [(0,), (1,), (2,)],
                                            micro_batch_size=3, global_batch_size=6)),

@@ -1,0 +1,56 @@
+"""A weight tied across stages: each stage holds a copy, the gradients are summed over the plan, and
+training equals single-device training (the issue's tied towers: one embedding, two towers, and an output
+layer tied to it, on three stages; and a data-parallel stage among them)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from graphpipe.graph.tracer import trace_module
+from graphpipe.runtime.comm import InMemoryHub
+from graphpipe.runtime.stage_module import split_stages
+from graphpipe.runtime.trainer import PipelineTrainer
+from tests.corpus.models import TiedTowers
+from tests.runtime.helpers import max_relative_error, plan_from, run_threads
+from tests.runtime.scenarios import tied_stage
+
+
+def _batches(num_steps: int) -> list[tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    gen = torch.Generator().manual_seed(7)
+    return [((torch.randint(0, 50, (8, 5), generator=gen), torch.randint(0, 50, (8, 7), generator=gen)),
+             torch.randn(8, 50, generator=gen, dtype=torch.float64)) for _ in range(num_steps)]
+
+
+@pytest.mark.parametrize("ranks", [[(0,), (1,), (2,)], [(0,), (1, 2), (3,)]], ids=["three_stages", "dp_stage"])
+def test_tied_weights_on_three_stages_train_like_one_device(ranks: list[tuple[int, ...]]) -> None:
+    torch.manual_seed(0)
+    model = TiedTowers().double()
+    plan = plan_from(model, tied_stage, ranks, micro_batch_size=[2, 2 * len(ranks[1]), 2], global_batch_size=8)
+    holders = [stage.spec.stage_idx for stage in split_stages(trace_module(model), plan)
+               if "embed.weight" in stage.spec.shared_params]
+    assert holders == [0, 1, 2]
+    hub = InMemoryHub(plan.world_size, timeout_s=15)
+    trainers = [PipelineTrainer(copy.deepcopy(model), plan, optimizer=lambda ps: torch.optim.Adam(ps, lr=1e-2),
+                                loss_fn=nn.functional.mse_loss, transport=hub.transport(rank), rank=rank)
+                for rank in range(plan.world_size)]
+    batches = _batches(3)
+    losses = run_threads(plan.world_size, lambda rank: [trainers[rank].step(x, y) for x, y in batches])
+
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.Adam(reference.parameters(), lr=1e-2)
+    expected = []
+    for (a, b), y in batches:
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(reference(a, b), y)
+        loss.backward()
+        optimizer.step()
+        expected.append(loss.item())
+    assert losses[0] == pytest.approx(expected, rel=1e-10)
+    want = dict(reference.named_parameters())
+    for trainer in trainers:  # every copy of the tied weight equals the reference, and so does the rest
+        for name, param in trainer.named_parameters():
+            assert max_relative_error(param.detach(), want[name].detach()) < 1e-10, (trainer.rank, name)

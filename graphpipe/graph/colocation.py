@@ -1,14 +1,15 @@
 """Ops that must share a stage, as convex groups: the planner's constraints from the runtime's rules.
 
-Three rules, over the ops that are not replicated (`graphpipe.graph.replication`):
+Two rules, over the ops that are not replicated (`graphpipe.graph.replication`):
 
 - a value that cannot be sent (not one tensor, or no batch as its first dimension: a tuple
   before its `getitem`s, a `[1, heads, q, k]` position bias made from a parameter) stays
   with every op that reads it;
-- ops that read the same trainable parameter (tied embeddings, a module called twice) share
-  a stage: a parameter lives in exactly one stage;
 - an op with no data edge at all (an in-place update of a buffer, such as a step counter)
   runs with the model output.
+
+Ops that read the same trainable parameter (tied embeddings) may sit in different stages: each
+holds a copy and the runtime sums the gradient (`graphpipe.runtime.shared_grads`).
 
 A stage is convex, so each group is closed under "every op on a path between two members"
 (its convex hull); groups that overlap are merged, until nothing changes. Contracting each
@@ -51,15 +52,11 @@ def colocation_groups(graph: OpGraph) -> list[tuple[str, ...]]:
 
 
 def _required_pairs(graph: OpGraph, names: list[str]) -> list[tuple[str, str]]:
-    live = set(names)
     pairs: list[tuple[str, str]] = []
     for name in names:
         op = graph.op(name)
         if op.kind != "output" and not op.can_cross:
             pairs += [(name, reader) for reader in graph.data_successors(name)]
-        for param in op.params:
-            if not param.is_buffer:
-                pairs += [(name, other) for other in param.shared_with if other in live]
         if op.kind != "output" and not graph.data_predecessors(name) and not graph.data_successors(name):
             pairs.append((name, graph.output))
     return pairs

@@ -81,10 +81,11 @@ class CostModel:
         ref = max(costs.micro_batch_sizes, default=1)
         self.out_bytes_per_sample: dict[str, float] = {}
         self.param_bytes: dict[str, int] = {}
+        tied = tied_param_bytes(graph)
         for op in graph.names:
             cost = costs.at(op, ref)
             self.out_bytes_per_sample[op] = cost.output_bytes / ref
-            self.param_bytes[op] = cost.param_bytes
+            self.param_bytes[op] = cost.param_bytes + tied.get(op, 0)
         # data edges only: a replicated value (an input, a mask, a size) is computed by every stage reading it
         self.preds = {op: graph.data_predecessors(op) for op in graph.names}
         self.succs = {op: graph.data_successors(op) for op in graph.names}
@@ -129,6 +130,20 @@ class CostModel:
         tps = time_per_sample_ms(fwd + bwd, comm, reduce_ms, micro_batch_size, self.global_batch_size)
         return StageCost(fwd_ms=fwd, bwd_ms=bwd, comm_ms=comm, all_reduce_ms=reduce_ms, tps_ms=tps,
                          param_bytes=params, act_bytes=round(act))
+
+
+def tied_param_bytes(graph: OpGraph) -> dict[str, int]:
+    """Bytes of the trainable parameters each op reads but another op owns (tied weights). A stage holding
+    such a reader holds a copy (weights, gradient, optimizer state) and all-reduces its gradient, so the
+    planner counts the copy with every reader: exact when the readers are in different stages, an
+    overestimate when two share one."""
+    extra: dict[str, int] = {}
+    for op in graph.ops:
+        for param in op.params:
+            if not param.is_buffer:
+                for reader in param.shared_with:
+                    extra[reader] = extra.get(reader, 0) + param.num_bytes
+    return extra
 
 
 def crossing_tensors(graph: OpGraph, stage_of: Mapping[str, int]) -> dict[tuple[int, int], tuple[str, ...]]:

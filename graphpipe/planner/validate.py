@@ -42,7 +42,7 @@ def validate_structure(plan: Plan, graph: OpGraph) -> None:
 
 def check_runtime_rules(plan: Plan, graph: OpGraph) -> None:
     """Raise PlanValidationError if the runtime would refuse `plan`: what crosses a stage boundary must be
-    one tensor with the batch first, and a trainable parameter lives in exactly one stage."""
+    one tensor with the batch first. (A parameter read by several stages is fine: each holds a copy.)"""
     for edge in plan.edges:
         for name in edge.tensors:
             op = graph.op(name)
@@ -50,15 +50,6 @@ def check_runtime_rules(plan: Plan, graph: OpGraph) -> None:
                 kind = "not one tensor" if not op.is_tensor else "a tensor without the batch as its first dimension"
                 raise PlanValidationError(f"value {name!r} crosses from stage {edge.src} to stage {edge.dst} but is "
                                           f"{kind}; the runtime cannot send it")
-    stage_of = {op: stage.idx for stage in plan.stages for op in stage.ops}
-    for op in graph.ops:
-        for param in op.params:
-            if param.is_buffer:
-                continue
-            stages = {stage_of[name] for name in (op.name, *param.shared_with) if name in stage_of}
-            if len(stages) > 1:
-                raise PlanValidationError(f"parameter {param.name!r} is read by stages {sorted(stages)}; a parameter "
-                                          "lives in exactly one stage")
 
 
 def _check_cover(plan: Plan, graph: OpGraph) -> dict[str, int]:

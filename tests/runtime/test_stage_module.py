@@ -81,12 +81,12 @@ class Shared(nn.Module):
         return self.layer(torch.relu(self.layer(x)))
 
 
-def test_a_parameter_shared_by_two_stages_is_rejected_by_name() -> None:
+def test_a_module_called_by_two_stages_is_held_by_both() -> None:
     model = Shared()
     plan = plan_from(model, lambda n: 0 if n.name in ("layer",) else 1, [(0,), (1,)], micro_batch_size=2,
                      global_batch_size=4)
-    with pytest.raises(TrainingError, match=r"parameter 'layer\.weight' is used by stage 0 .* stage 1"):
-        split_stages(trace_module(model), plan)
+    specs = [stage.spec for stage in split_stages(trace_module(model), plan)]
+    assert [spec.shared_params for spec in specs] == [("layer.weight", "layer.bias")] * 2
 
 
 def test_a_plan_missing_ops_is_refused() -> None:

@@ -166,6 +166,25 @@ def tied_stage(node: torch.fx.Node) -> int | None:
     return 2 if name in ("add", "t", "matmul") else None
 
 
+def _inplace_cnn() -> nn.Module:
+    from tests.corpus.models import InplaceCnn
+
+    return InplaceCnn().double()
+
+
+def _image_batches(num_steps: int) -> list[tuple[Any, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(5)
+    return [(torch.randn(8, 3, 8, 8, generator=gen, dtype=torch.float64),
+             torch.randn(8, 4, generator=gen, dtype=torch.float64)) for _ in range(num_steps)]
+
+
+def inplace_entry_stage(node: torch.fx.Node) -> int | None:
+    """Both in-place ReLUs of InplaceCnn (nn.ReLU(inplace=True), then torch.relu_) start a stage."""
+    if node.name == "body_0":
+        return 0
+    return 2 if node.name in ("relu_", "mean", "head") else 1
+
+
 def _tied_towers() -> nn.Module:
     from tests.corpus.models import TiedTowers
 
@@ -199,6 +218,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              make_plan=lambda m: plan_from(m, by_target([("stem", 0), ("towers.0", 1), ("towers.1", 2), ("cat", 2)]),
                                            [(0,), (1,), (2,)], micro_batch_size=(4, 2, 2), global_batch_size=8),
              schedules=("1f1b", "gpipe", "kfkb")),
+    Scenario(name="inplace_cnn3", make_model=_inplace_cnn, make_batches=_image_batches,
+             make_plan=lambda m: plan_from(m, inplace_entry_stage, [(0,), (1,), (2,)], micro_batch_size=2,
+                                           global_batch_size=8)),
     Scenario(name="tied_towers3", make_model=_tied_towers, make_batches=_tied_batches,
              make_plan=lambda m: plan_from(m, tied_stage, [(0,), (1,), (2,)], micro_batch_size=2,
                                            global_batch_size=8)),

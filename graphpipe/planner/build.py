@@ -70,7 +70,20 @@ def build_plan(model: CostModel, partition: Partition, planner: str) -> Plan:
                 num_devices=model.cluster.num_devices, planner=planner, predicted_tps_ms=bottleneck,
                 predicted_samples_per_s=1e3 / bottleneck if bottleneck > 0 else 0.0,
                 lower_bound_samples_per_s=lower_bound_samples_per_s(model, specs),
-                cluster=model.cluster.to_dict(), **runtime_contract(graph))
+                cluster=model.cluster.to_dict(), shared_params=shared_parameters(graph, stage_of),
+                **runtime_contract(graph))
+
+
+def shared_parameters(graph: OpGraph, stage_of: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """Trainable parameters whose readers sit in more than one stage, with their bytes, the stage of the
+    op that owns them (where the cost table counts them) and every stage that holds a copy."""
+    shared: dict[str, dict[str, Any]] = {}
+    for op in graph.ops:
+        for param in op.params:
+            stages = sorted({stage_of[name] for name in (op.name, *param.shared_with) if name in stage_of})
+            if not param.is_buffer and len(stages) > 1:
+                shared[param.name] = {"bytes": param.num_bytes, "owner": stage_of[op.name], "stages": stages}
+    return shared
 
 
 def runtime_contract(graph: OpGraph) -> dict[str, Any]:

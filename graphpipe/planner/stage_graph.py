@@ -109,6 +109,9 @@ class Plan(JsonFile):
     capture: str = "fx"
     replicated: tuple[str, ...] = ()
     input_batch_axes: Mapping[str, int | None] = field(default_factory=dict)
+    # Trainable parameters read by several stages (each holds a copy; one all-reduce over the plan's
+    # ranks sums their gradients): name -> {"bytes", "owner" (the stage the costs count it in), "stages"}.
+    shared_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for pos, stage in enumerate(self.stages):
@@ -201,7 +204,7 @@ class Plan(JsonFile):
             "lower_bound_samples_per_s": self.lower_bound_samples_per_s, "schedule": self.schedule,
             "cluster": dict(self.cluster), "notes": list(self.notes), "model_spec": dict(self.model_spec),
             "capture": self.capture, "replicated": list(self.replicated),
-            "input_batch_axes": dict(self.input_batch_axes),
+            "input_batch_axes": dict(self.input_batch_axes), "shared_params": dict(self.shared_params),
         }
 
     @classmethod
@@ -220,6 +223,7 @@ class Plan(JsonFile):
             notes=tuple(data.get("notes", ())), model_spec=dict(data.get("model_spec", {})),
             capture=data.get("capture", "fx"), replicated=tuple(data.get("replicated", ())),
             input_batch_axes=dict(data.get("input_batch_axes", {})),
+            shared_params=dict(data.get("shared_params", {})),
         )
 
     def __str__(self) -> str:

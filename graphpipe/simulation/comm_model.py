@@ -61,6 +61,14 @@ def all_reduce_ms(cluster: Cluster, ranks: tuple[int, ...], grad_bytes: int) -> 
     return steps / num_ranks * grad_bytes / (link.bandwidth_gb_per_s * 1e9) * 1e3 + steps * link.latency_us / 1e3
 
 
+def stage_all_reduce_ms(cluster: Cluster, plan_ranks: tuple[int, ...], stage_ranks: tuple[int, ...],
+                        local_bytes: int, shared_bytes: int) -> float:
+    """A stage's gradient all-reduce: its own parameters over its data-parallel ranks, then the plan's
+    shared parameters over every rank of the plan (`graphpipe.runtime.shared_grads`)."""
+    shared = all_reduce_ms(cluster, plan_ranks, shared_bytes) if shared_bytes else 0.0
+    return all_reduce_ms(cluster, stage_ranks, local_bytes) + shared
+
+
 def optimizer_step_ms(cluster: Cluster, param_bytes: int) -> float:
     device = cluster.device
     return ADAM_PASSES * param_bytes / (device.mem_bandwidth_gb_per_s * 1e9) * 1e3 + device.step_overhead_us / 1e3

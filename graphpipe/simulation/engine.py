@@ -29,7 +29,7 @@ from graphpipe.schedule.action import Action, ActionKind
 from graphpipe.schedule.grid import format_grid
 from graphpipe.schedule.messages import message_samples
 from graphpipe.schedule.schedule import Schedule
-from graphpipe.simulation.comm_model import all_reduce_ms, message_ms, optimizer_step_ms
+from graphpipe.simulation.comm_model import message_ms, optimizer_step_ms, stage_all_reduce_ms
 from graphpipe.simulation.cores import CorePool, cores_are_shared
 from graphpipe.simulation.result import Event
 from graphpipe.simulation.stage_cost import StageCost
@@ -154,7 +154,9 @@ class _Engine:
 def _compile(plan: Plan, stage: int, actions: tuple[Action, ...], cost: StageCost, cluster: Cluster) -> list[Op]:
     """Each action as (code, duration, message key, text, event kind, micro-batch)."""
     fixed = {ActionKind.FORWARD: cost.fwd_ms, ActionKind.BACKWARD: cost.bwd_ms,
-             ActionKind.ALL_REDUCE: all_reduce_ms(cluster, plan.stages[stage].ranks, cost.param_bytes),
+             ActionKind.ALL_REDUCE: stage_all_reduce_ms(cluster, tuple(range(plan.world_size)),
+                                                        plan.stages[stage].ranks, cost.data_parallel_bytes,
+                                                        cost.shared_reduce_bytes),
              ActionKind.STEP: optimizer_step_ms(cluster, cost.param_bytes)}
     transfer_cache: dict[tuple[int, int, int], float] = {}
     ops: list[Op] = []

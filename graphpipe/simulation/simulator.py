@@ -17,7 +17,7 @@ from graphpipe.planner.stage_graph import Plan
 from graphpipe.schedule.generate import make_schedule
 from graphpipe.schedule.schedule import Schedule
 from graphpipe.schedule.validate import validate_schedule
-from graphpipe.simulation.comm_model import all_reduce_ms, optimizer_step_ms
+from graphpipe.simulation.comm_model import optimizer_step_ms, stage_all_reduce_ms
 from graphpipe.simulation.engine import Run, run_schedule
 from graphpipe.simulation.memory import peak_live_micro_batches, static_bytes
 from graphpipe.simulation.result import SimResult, Timeline
@@ -64,8 +64,9 @@ def iteration_lower_bound_s(plan: Plan, costs: CostTable, cluster: Cluster | Non
     busiest = 0.0
     for stage in plan.stages:
         cost = per_stage[stage.idx]
-        busy = (_compute_ms(plan, per_stage, stage.idx) + all_reduce_ms(cluster, stage.ranks, cost.param_bytes)
-                + optimizer_step_ms(cluster, cost.param_bytes))
+        reduce_ms = stage_all_reduce_ms(cluster, tuple(range(plan.world_size)), stage.ranks,
+                                        cost.data_parallel_bytes, cost.shared_reduce_bytes)
+        busy = _compute_ms(plan, per_stage, stage.idx) + reduce_ms + optimizer_step_ms(cluster, cost.param_bytes)
         busiest = max(busiest, busy)
     return busiest / 1e3
 

@@ -3,12 +3,14 @@
 Each rank of a data-parallel stage computes micro_batch_size / d samples of every
 micro-batch, so the table is read at that (possibly fractional) batch size. A device with
 per-action overheads (`Device.fwd_action_overhead_us`, ...) adds them once per forward and
-per backward of the stage: the runtime's host work that no op's profile contains.
+per backward of the stage: the runtime's host work that no op's profile contains. A parameter
+shared by several stages (`Plan.shared_params`) weighs in every stage that holds a copy, leaves
+its stage's data-parallel all-reduce, and is summed by one all-reduce over the plan's ranks.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from graphpipe.cost.cluster import Device
 from graphpipe.cost.cost_table import CostTable
@@ -22,7 +24,13 @@ class StageCost:
     fwd_ms: float
     bwd_ms: float
     act_bytes: int  # activations kept from the forward until the backward
-    param_bytes: int  # weights of the stage (each rank holds a full copy)
+    param_bytes: int  # weights of the stage (each rank holds a full copy), shared copies included
+    local_reduce_bytes: int = -1  # what the stage's data-parallel all-reduce sums (-1: param_bytes)
+    shared_reduce_bytes: int = 0  # every shared parameter of the plan: all of its ranks reduce them together
+
+    @property
+    def data_parallel_bytes(self) -> int:
+        return self.param_bytes if self.local_reduce_bytes < 0 else self.local_reduce_bytes
 
 
 def stage_cost(stage: Stage, costs: CostTable, device: Device | None = None) -> StageCost:
@@ -36,4 +44,14 @@ def stage_cost(stage: Stage, costs: CostTable, device: Device | None = None) -> 
 
 
 def stage_costs(plan: Plan, costs: CostTable, device: Device | None = None) -> dict[int, StageCost]:
-    return {stage.idx: stage_cost(stage, costs, device) for stage in plan.stages}
+    out = {stage.idx: stage_cost(stage, costs, device) for stage in plan.stages}
+    if not plan.shared_params:
+        return out
+    total = sum(int(entry["bytes"]) for entry in plan.shared_params.values())
+    for idx, cost in out.items():
+        held = [entry for entry in plan.shared_params.values() if idx in entry["stages"]]
+        copies = sum(int(entry["bytes"]) for entry in held if entry["owner"] != idx)
+        params = cost.param_bytes + copies
+        out[idx] = replace(cost, param_bytes=params, shared_reduce_bytes=total,
+                           local_reduce_bytes=params - sum(int(entry["bytes"]) for entry in held))
+    return out

@@ -236,7 +236,10 @@ def _train_loop(args: argparse.Namespace, plan: Plan, trainer: Any, zoo: Any) ->
 
 
 def simulated_iteration_s(plan: Plan, zoo: Any, schedule: Any, leaf_modules: Any) -> float | None:
-    """The simulator's iteration time for the plan (analytic costs on the plan's cluster), or None."""
+    """The simulator's iteration time for the plan (analytic costs on the plan's cluster), or None (also,
+    silently, for a plan that records no cluster: one made by hand)."""
+    if not plan.cluster:
+        return None
     try:
         from graphpipe.cost.analytic import analytic_costs
         from graphpipe.cost.cluster import Cluster

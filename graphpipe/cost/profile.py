@@ -335,7 +335,8 @@ def _traced_like(graph: OpGraph, model: nn.Module, example_inputs: Any,
         if graph.capture == "export":
             raise CostError("the graph was captured with torch.export; pass example_inputs to profile it")
         return prune_graph(trace_module(model, leaf_modules)), inputs_like(graph)
-    captured = capture_module(model, example_inputs, leaf_modules=leaf_modules, method=graph.capture)
+    captured = capture_module(model, example_inputs, leaf_modules=leaf_modules, method=graph.capture,
+                              with_graph=False)
     return captured.module, tuple(captured.bind(example_inputs).values())
 
 

@@ -50,7 +50,7 @@ class CapturedModule:
     """
 
     module: torch.fx.GraphModule
-    graph: OpGraph
+    graph: OpGraph | None  # None when captured only to run (`with_graph=False`: no shape propagation)
     method: str  # "fx" or "export"
     input_names: tuple[str, ...]
     in_spec: pytree.TreeSpec | None = None  # export: the flattened (args, kwargs)
@@ -80,12 +80,16 @@ def capture(model: nn.Module, example_inputs: Any, *, leaf_modules: Iterable[typ
             name: str | None = None, capture: str = "auto") -> OpGraph:
     """The `OpGraph` of `model` on `example_inputs` (a tensor, a tuple, a dict of keyword arguments or
     `ModelInputs`; batch first). Forward arguments the example leaves out stay at their defaults."""
-    return capture_module(model, example_inputs, leaf_modules=leaf_modules, name=name, method=capture).graph
+    graph = capture_module(model, example_inputs, leaf_modules=leaf_modules, name=name, method=capture).graph
+    assert graph is not None
+    return graph
 
 
 def capture_module(model: nn.Module, example_inputs: Any, *, leaf_modules: Iterable[type | str] = (),
-                   name: str | None = None, method: str = "auto") -> CapturedModule:
-    """Capture `model` with `method` ("auto": fx, then torch.export if fx fails)."""
+                   name: str | None = None, method: str = "auto", with_graph: bool = True) -> CapturedModule:
+    """Capture `model` with `method` ("auto": fx, then torch.export if fx fails). `with_graph=False`
+    skips the `OpGraph` (two forward passes of shape propagation): what the runtime and the profiler
+    need is the module and how to call it."""
     if method not in CAPTURE_METHODS:
         raise GraphCaptureError(f"unknown capture method {method!r}; use one of {', '.join(CAPTURE_METHODS)}")
     given = as_model_inputs(example_inputs)
@@ -95,29 +99,29 @@ def capture_module(model: nn.Module, example_inputs: Any, *, leaf_modules: Itera
         if leaf_modules:
             raise GraphCaptureError("leaf modules apply to fx capture only (torch.export keeps no module whole); "
                                     "drop --leaf-module or use --capture fx")
-        return _captured_by_export(model, given, name)
+        return _captured_by_export(model, given, name, with_graph)
     try:
-        return _captured_by_fx(model, given, leaf_modules, name)
+        return _captured_by_fx(model, given, leaf_modules, name, with_graph)
     except GraphCaptureError as fx_error:
         if method == "fx" or leaf_modules:  # leaf modules are an fx notion: the user chose fx
             raise
         try:
-            return _captured_by_export(model, given, name)
+            return _captured_by_export(model, given, name, with_graph)
         except GraphCaptureError as export_error:
             raise GraphCaptureError(f"neither torch.fx nor torch.export can capture {type(model).__name__}. "
                                     f"[fx] {fx_error} [export] {export_error}") from export_error
 
 
-def _captured_by_fx(model: nn.Module, given: ModelInputs, leaf_modules: tuple[Any, ...],
-                    name: str) -> CapturedModule:
+def _captured_by_fx(model: nn.Module, given: ModelInputs, leaf_modules: tuple[Any, ...], name: str,
+                    with_graph: bool) -> CapturedModule:
     gm = with_all_state(prune_graph(trace_module(model, leaf_modules, given=given)), model)
     signature = inspect.signature(type(model).forward)
     values = _bind_fx(gm, signature, given)
-    graph = _op_graph(gm, model, given, list(values.values()), name=name, method="fx")
+    graph = _op_graph(gm, model, given, list(values.values()), name=name, method="fx") if with_graph else None
     return CapturedModule(module=gm, graph=graph, method="fx", input_names=tuple(values), signature=signature)
 
 
-def _captured_by_export(model: nn.Module, given: ModelInputs, name: str) -> CapturedModule:
+def _captured_by_export(model: nn.Module, given: ModelInputs, name: str, with_graph: bool) -> CapturedModule:
     gm, in_spec, out_spec = export_module(model, given)
     gm = with_all_state(prune_graph(gm), model)
     input_names = tuple(node.name for node in gm.graph.nodes if node.op == "placeholder")
@@ -125,7 +129,7 @@ def _captured_by_export(model: nn.Module, given: ModelInputs, name: str) -> Capt
     if len(flat) != len(input_names):
         raise GraphCaptureError(f"torch.export gave {len(input_names)} inputs for {len(flat)} input leaves; "
                                 "pass only tensors and constants as example inputs")
-    graph = _op_graph(gm, model, given, list(flat), name=name, method="export")
+    graph = _op_graph(gm, model, given, list(flat), name=name, method="export") if with_graph else None
     return CapturedModule(module=gm, graph=graph, method="export", input_names=input_names, in_spec=in_spec,
                           out_spec=out_spec)
 

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from graphpipe.graph.op_graph import FREE_KINDS, OpNode
 
-__all__ = ["is_mutating", "is_random", "mark_replicated", "trainable_param_readers"]
+__all__ = ["is_inplace_name", "is_mutating", "is_random", "mark_replicated", "trainable_param_readers"]
 
 _RANDOM_PARTS = ("dropout", "rand", "bernoulli", "multinomial", "normal_", "uniform_", "Dropout")
 _INPLACE_OPERATORS = frozenset({"iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "iand", "ior",
@@ -58,10 +58,13 @@ def trainable_param_readers(ops: Sequence[OpNode]) -> set[str]:
 
 def is_mutating(op: OpNode) -> bool:
     """An in-place op: its name ends in `_` (`add_`, `relu_`, `copy_`), an augmented assignment, or inplace=True."""
-    base = _base_name(op)
-    if base in _INPLACE_OPERATORS or op.attrs.get("inplace") is True:
-        return True
-    return base.endswith("_") and not base.startswith("__") and not base.startswith("_")
+    return op.attrs.get("inplace") is True or is_inplace_name(_base_name(op))
+
+
+def is_inplace_name(name: str) -> bool:
+    """A function or method name that changes its first argument: `add_`, `relu_`, `iadd`, `setitem`
+    (not a private or dunder name such as `_foo_`)."""
+    return name in _INPLACE_OPERATORS or (name.endswith("_") and not name.startswith("_"))
 
 
 def is_random(op: OpNode) -> bool:

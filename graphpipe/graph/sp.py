@@ -96,7 +96,7 @@ def merged_leaves(chain: SPChain) -> tuple[SPLeaf, ...]:
                  if isinstance(item, SPLeaf) and len(item.ops) > 1)
 
 
-def sp_decompose(graph: OpGraph) -> SPChain:
+def sp_decompose(graph: OpGraph, units: StageUnits | None = None) -> SPChain:
     """The SP tree of an op graph (ops of the tree = ops of the graph, each exactly once).
 
     Only data edges shape the tree, between *units* (`stage_units`): replicated ops (model
@@ -104,7 +104,7 @@ def sp_decompose(graph: OpGraph) -> SPChain:
     computed by every stage that reads them, so they join no branches and ride in the unit of
     their first reader; ops that must share a stage (`graphpipe.graph.colocation`) are one unit.
     """
-    units = stage_units(graph)
+    units = units if units is not None else stage_units(graph)
     tree = decompose_dag(units.keys, units.preds)
     extra = {key: [op for op in ops if op != key] for key, ops in zip(units.keys, units.ops) if len(ops) > 1}
     if not extra:

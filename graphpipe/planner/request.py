@@ -8,7 +8,7 @@ from functools import cached_property
 from graphpipe.cost.cluster import Cluster
 from graphpipe.cost.cost_table import CostTable
 from graphpipe.graph.op_graph import OpGraph
-from graphpipe.graph.sp import SPChain, SPLeaf, sp_decompose, stage_units
+from graphpipe.graph.sp import SPChain, SPLeaf, StageUnits, sp_decompose, stage_units
 from graphpipe.planner.stage_cost import CostModel
 
 
@@ -33,11 +33,16 @@ class PlanRequest:
         return CostModel(self.graph, self.costs, self.cluster, self.global_batch_size)
 
     @cached_property
+    def units(self) -> StageUnits:
+        """What every planner cuts between (`graphpipe.graph.sp.stage_units`), computed once per request."""
+        return stage_units(self.graph)
+
+    @cached_property
     def sp_tree(self) -> SPChain:
-        return sp_decompose(self.graph)
+        return sp_decompose(self.graph, self.units)
 
     @cached_property
     def chain_tree(self) -> SPChain:
         """The graph linearised in topological order: one chain of units (single ops, except the ops that
         must share a stage and the replicated ops riding with their readers: `stage_units`)."""
-        return SPChain(items=tuple(SPLeaf(ops=ops) for ops in stage_units(self.graph).ops))
+        return SPChain(items=tuple(SPLeaf(ops=ops) for ops in self.units.ops))

@@ -30,11 +30,11 @@ from torch import nn
 
 from graphpipe.errors import TrainingError
 from graphpipe.graph.capture import CapturedModule, hold_tensors
+from graphpipe.graph.replication import is_inplace_name
 from graphpipe.planner.stage_graph import Plan
 
 MODEL_OUTPUT = "__model_output__"
 _FREE_OPS = ("placeholder", "get_attr")
-_INPLACE_OPERATORS = frozenset({"iadd", "isub", "imul", "itruediv", "setitem"})
 
 
 def _identity(value: Any) -> Any:
@@ -272,6 +272,4 @@ def _is_inplace(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
         return True
     if node.op == "call_module":
         return getattr(gm.get_submodule(str(node.target)), "inplace", False) is True
-    target = node.target
-    name = str(getattr(target, "__name__", target)).split(".")[0]
-    return name in _INPLACE_OPERATORS or (name.endswith("_") and not name.startswith("_"))
+    return is_inplace_name(str(getattr(node.target, "__name__", node.target)).split(".")[0])

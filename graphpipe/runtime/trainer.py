@@ -194,7 +194,8 @@ def _capture(model: nn.Module, plan: Plan, example_inputs: Any,
     """The model captured as the plan's graph was: the same method, so the same op names."""
     if example_inputs is not None:
         try:
-            return capture_module(model, example_inputs, leaf_modules=leaf_modules, method=plan.capture)
+            return capture_module(model, example_inputs, leaf_modules=leaf_modules, method=plan.capture,
+                                  with_graph=False)
         except GraphCaptureError as err:
             raise TrainingError(f"capturing the model for training failed: {err}") from err
     if plan.capture == "export":

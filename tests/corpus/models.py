@@ -124,7 +124,8 @@ class TiedTowers(nn.Module):
 
 
 class OptionalArgs(nn.Module):
-    """Optional forward arguments left at their defaults, a shape check and `B, N = x.shape`."""
+    """Optional forward arguments left at their defaults (timm's `forward(x, attn_mask=None, is_causal=False)`),
+    a shape check and `B, N = x.shape`."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -132,14 +133,14 @@ class OptionalArgs(nn.Module):
         self.b = nn.Sequential(nn.Linear(12, 12), nn.GELU(), nn.Linear(12, 12))
         self.head = nn.Linear(24, 3)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, scale: float = 1.0,
-                return_both: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
         torch._assert(x.shape[-1] == 12, "x needs 12 features")
         batch, _ = x.shape
-        if mask is not None:
-            x = x * mask
-        out = self.head(torch.cat([self.a(x), self.b(x)], dim=-1)) * scale
-        return out.reshape(batch, -1)
+        if attn_mask is not None:
+            x = x * attn_mask
+        out = self.head(torch.cat([self.a(x), self.b(x)], dim=-1)).reshape(batch, -1)
+        return out if bias is None else out + bias
 
 
 def _own(cls: type[nn.Module], inputs: Callable[[], Any]) -> Callable[[], tuple[nn.Module, Any, Callable]]:

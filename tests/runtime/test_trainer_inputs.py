@@ -11,22 +11,8 @@ from torch import nn
 import graphpipe as gp
 from graphpipe.runtime.comm import InMemoryHub
 from graphpipe.runtime.trainer import PipelineTrainer
+from tests.corpus.models import OptionalArgs
 from tests.runtime.helpers import max_relative_error, run_threads
-
-
-class OptionalArguments(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 16))
-        self.b = nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 16))
-        self.head = nn.Linear(32, 2)
-
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
-        if attn_mask is not None:
-            x = x * attn_mask
-        out = self.head(torch.cat([self.a(x), self.b(x)], dim=1))
-        return out if bias is None else out + bias
 
 
 def _train(inputs: object, targets: torch.Tensor, model: nn.Module) -> tuple[float, dict[str, torch.Tensor]]:
@@ -45,10 +31,10 @@ def _train(inputs: object, targets: torch.Tensor, model: nn.Module) -> tuple[flo
 
 def test_optional_and_keyword_arguments_train_like_the_whole_model() -> None:
     torch.manual_seed(0)
-    x, targets = torch.randn(8, 6), torch.randn(8, 2)
-    bias = torch.randn(2)  # no batch dimension: every stage that reads it gets it whole
+    x, targets = torch.randn(8, 12), torch.randn(8, 3)
+    bias = torch.randn(3)  # no batch dimension: every stage that reads it gets it whole
     for inputs in ((x,), {"x": x, "bias": bias}):
-        model = OptionalArguments()
+        model = OptionalArgs()
         reference = copy.deepcopy(model)
         loss, trained = _train(inputs, targets, model)
         given = gp.ModelInputs(args=inputs) if isinstance(inputs, tuple) else gp.ModelInputs(kwargs=inputs)
@@ -91,8 +77,8 @@ def test_autocast_bf16_trains_like_the_whole_model_under_autocast() -> None:
     differently from one on the whole batch: losses and weights within 2e-2 of the reference run
     under the same autocast (fp32 weights, SGD)."""
     torch.manual_seed(0)
-    x, targets = torch.randn(8, 6), torch.randn(8, 2)
-    model = OptionalArguments()
+    x, targets = torch.randn(8, 12), torch.randn(8, 3)
+    model = OptionalArgs()
     reference = copy.deepcopy(model)
     graph = gp.capture(model, (x,))
     cluster = gp.Cluster.preset("summit", num_devices=3)
@@ -116,7 +102,7 @@ def test_autocast_bf16_trains_like_the_whole_model_under_autocast() -> None:
 def test_costs_follow_the_activation_dtype() -> None:
     from graphpipe.graph.precision import with_activation_dtype
 
-    graph = gp.capture(OptionalArguments(), (torch.randn(8, 6),))
+    graph = gp.capture(OptionalArgs(), (torch.randn(8, 12),))
     low = with_activation_dtype(graph, "bfloat16")
     full_costs = gp.analytic_costs(graph, device="v100-16gb")
     low_costs = gp.analytic_costs(low, device="v100-16gb")

@@ -18,7 +18,6 @@ import time
 import numpy as np
 
 from graphpipe.errors import PlanningError
-from graphpipe.graph.sp import stage_units
 from graphpipe.planner.baselines.chain_dp import empty, in_flight_cap, relax
 from graphpipe.planner.partitioner import divisors_up_to
 from graphpipe.planner.request import PlanRequest
@@ -31,7 +30,7 @@ DEFAULT_TIME_LIMIT_S = 60.0
 def enumerate_downsets(request: PlanRequest, max_downsets: int, deadline: float) -> list[int]:
     """Every downward-closed op set as a bitmask over topological positions, largest first."""
     graph = request.graph
-    units = stage_units(graph)
+    units = request.units
     pos = {key: idx for idx, key in enumerate(units.keys)}
     pred_mask = [sum(1 << pos[p] for p in units.preds[key]) for key in units.keys]
     seen = {0}
@@ -69,7 +68,7 @@ def plan_piper(request: PlanRequest) -> list[Partition]:
 
 def _solve(request: PlanRequest, downsets: list[int], size: int, deadline: float,
            limit_s: float) -> list[StageSpec] | None:
-    units = stage_units(request.graph).ops
+    units = request.units.ops
     model, num_devices = request.model, request.num_devices
     degrees = divisors_up_to(size, num_devices)
     full = downsets[0]

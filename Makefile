@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_PIN := torch==2.13.0
 
-.PHONY: demo test lint typecheck unit venv clean bench
+.PHONY: demo test lint typecheck unit venv clean bench gpu-check
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -27,6 +27,11 @@ unit: $(STAMP)
 	$(PY) -m pytest
 
 test: lint typecheck unit
+
+# On a CUDA machine with its own torch and no package index: CUDA tests, NCCL training against one
+# device, throughput (benchmarks/gpu/README.md). Not on $(STAMP): that would pip-install CPU torch.
+gpu-check:
+	bash benchmarks/gpu/run.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

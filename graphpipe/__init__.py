@@ -37,6 +37,8 @@ _EXPORTS: dict[str, str] = {
     "simulate": "graphpipe.simulation.simulator",
     "SimResult": "graphpipe.simulation.result",
     "PipelineTrainer": "graphpipe.runtime.trainer",
+    "empty_weights": "graphpipe.empty_weights",
+    "materialize": "graphpipe.runtime.materialize",
     "load_model": "graphpipe.models",
     "ZooModel": "graphpipe.models",
     "GraphPipeError": "graphpipe.errors",

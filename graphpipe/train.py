@@ -28,9 +28,12 @@ import torch.distributed as dist
 from graphpipe.errors import GraphPipeError, TrainingError
 from graphpipe.model_inputs import ModelInputs
 from graphpipe.planner.stage_graph import Plan
+from graphpipe.runtime.batch_norm import BATCH_NORM_MODES
 
 AUTOCAST: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
 ACTIVATION_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # what the cost model counts activations in
+INIT_MODES = ("model", "meta")
+OPTIMIZERS: dict[str, Any] = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
 KILL_ENV = "GRAPHPIPE_KILL_AT"  # "RANK:STEP": that rank kills itself at that step (fault-injection tests)
 
 
@@ -55,7 +58,9 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
                              "the ranks capture it as the plan records")
     parser.add_argument("--steps", type=int, default=10, help="train until this many steps are done")
     parser.add_argument("--schedule", default=None, help="1f1b, gpipe or kfkb (default: the plan's)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    parser.add_argument("--lr", type=float, default=1e-3, help="learning rate")
+    parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam",
+                        help="adam (default), or sgd: plain SGD, no optimizer state (half the memory per parameter)")
     parser.add_argument("--seed", type=int, default=0, help="model weights and data shuffling")
     parser.add_argument("--checkpoint-dir", default=None, help="save step_N/ checkpoints here")
     parser.add_argument("--save-every", type=int, default=0, help="also save every N steps (0: only at the end)")
@@ -65,6 +70,16 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     parser.add_argument("--dtype", choices=sorted(AUTOCAST), default="fp32",
                         help="fp32, or bf16: forwards and the loss under torch.autocast (weights stay fp32)")
+    parser.add_argument("--batch-norm", choices=BATCH_NORM_MODES, default="micro",
+                        help="train-mode BatchNorm: micro (statistics per data-parallel share, the default), deferred "
+                             "(running statistics over the whole mini-batch) or sync (each micro-batch normalised "
+                             "whole across the stage's ranks); deferred and sync need fx capture")
+    parser.add_argument("--init", choices=INIT_MODES, default="model",
+                        help="model: every rank builds the whole model with --seed; meta: ranks build it without "
+                             "weights and initialise only their own stage (a seed per module name)")
+    parser.add_argument("--weights", default=None, metavar="FILE",
+                        help="start from these weights (a .safetensors file or a torch.distributed.checkpoint "
+                             "directory); each rank reads only its stage's tensors (implies --init meta)")
 
 
 def train_args_problem(args: argparse.Namespace) -> str | None:
@@ -83,7 +98,15 @@ def train_args_problem(args: argparse.Namespace) -> str | None:
         return f"--threads must be at least 1, got {args.threads}"
     if args.timeout <= 0:
         return f"--timeout must be above 0 seconds, got {args.timeout:g}"
+    if args.weights and not Path(args.weights).exists():
+        return (f"--weights {args.weights} does not exist (give a .safetensors file or a torch.distributed.checkpoint "
+                "directory)")
     return None
+
+
+def builds_empty(args: argparse.Namespace) -> bool:
+    """Whether the model is built without parameter values (--init meta, or weights to load)."""
+    return getattr(args, "init", "model") == "meta" or bool(getattr(args, "weights", None))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,7 +165,7 @@ def _load_model(args: argparse.Namespace, plan: Plan) -> Any:
     options = {**dict(spec.get("options") or {}), **_parse_options(args.model_options)}
     args.leaf_modules = args.leaf_modules or list(spec.get("leaf_modules") or ())
     return load_model(name, args.preset or spec.get("preset") or "tiny", batch_size=plan.global_batch_size,
-                      device="cpu", seed=args.seed, **options)
+                      device="cpu", seed=args.seed, empty=builds_empty(args), **options)
 
 
 def _parse_options(items: list[str]) -> dict[str, Any]:
@@ -159,10 +182,11 @@ def _parse_options(items: list[str]) -> dict[str, Any]:
 def _make_trainer(args: argparse.Namespace, plan: Plan, zoo: Any, device: torch.device) -> Any:
     from graphpipe.runtime.trainer import PipelineTrainer
 
-    lr = args.lr
-    return PipelineTrainer(zoo.model, plan, optimizer=lambda ps: torch.optim.Adam(ps, lr=lr), loss_fn=zoo.loss_fn,
+    lr, optimizer = args.lr, OPTIMIZERS[args.optimizer]
+    return PipelineTrainer(zoo.model, plan, optimizer=lambda ps: optimizer(ps, lr=lr), loss_fn=zoo.loss_fn,
                            schedule=args.schedule or plan.schedule, leaf_modules=args.leaf_modules,
-                           example_inputs=zoo.inputs, device=device, autocast=AUTOCAST[args.dtype])
+                           example_inputs=zoo.inputs, device=device, autocast=AUTOCAST[args.dtype],
+                           weights=args.weights, init_seed=args.seed, batch_norm=args.batch_norm)
 
 
 def _resume(trainer: Any, checkpoint_dir: str) -> None:

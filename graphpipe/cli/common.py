@@ -81,8 +81,10 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def load_model_from_args(args: argparse.Namespace, device: str | torch.device | None = None) -> ZooModel:
     """The model and example batch named by --model/--preset/--batch/--set (seed from --seed if defined)."""
+    from graphpipe.train import builds_empty
+
     return load_model(args.model, args.preset, batch_size=args.batch, device=device,
-                      seed=getattr(args, "seed", 0), **model_options(args))
+                      seed=getattr(args, "seed", 0), empty=builds_empty(args), **model_options(args))
 
 
 def capture_from_args(args: argparse.Namespace, device: str | torch.device | None = None) -> tuple[ZooModel, OpGraph]:

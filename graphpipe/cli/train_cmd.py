@@ -21,7 +21,7 @@ from graphpipe.errors import TrainingError, UsageError
 from graphpipe.planner.stage_graph import Plan
 
 FORWARDED = ("model", "preset", "steps", "schedule", "lr", "seed", "checkpoint_dir", "save_every", "trace",
-             "timeout", "threads", "dtype")
+             "timeout", "threads", "dtype", "init", "weights", "optimizer", "batch_norm")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -115,7 +115,7 @@ def check_plan_fits_model(plan: Plan, args: argparse.Namespace) -> None:
         model=name, preset=args.preset or spec.get("preset") or "tiny", batch=plan.global_batch_size,
         model_options=[f"{key}={json.dumps(value)}" for key, value in options.items()],
         leaf_modules=args.leaf_modules or list(spec.get("leaf_modules") or ()), seed=args.seed,
-        capture=plan.capture)
+        capture=plan.capture, init=args.init, weights=args.weights)
     _, graph = capture_from_args(namespace)
     check_plan_fits_graph(plan, graph, args.plan)
 

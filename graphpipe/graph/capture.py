@@ -8,8 +8,9 @@ follows what fx cannot (decorated forwards, output dataclasses: Hugging Face mod
 records every value's metas, batch axis, whether it is a tensor, and which ops every stage
 recomputes (`graphpipe.graph.replication`).
 
-A model whose weights live on the `meta` device is shape-propagated with meta tensors,
-so the paper-sized models are captured without allocating their weights.
+A model whose weights live on the `meta` device (built on it, or with `graphpipe.empty_weights`)
+is captured and shape-propagated with meta tensors, so models larger than this machine's
+memory are captured without allocating their weights.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ import torch.fx._pytree as fx_pytree
 import torch.utils._pytree as pytree
 from torch import nn
 
+from graphpipe.empty_weights import has_meta_tensors
 from graphpipe.errors import GraphCaptureError
 from graphpipe.graph.export_trace import export_module
+from graphpipe.graph.meta_state import all_on_meta
 from graphpipe.graph.op_attrs import call_attrs, module_attrs
 from graphpipe.graph.op_graph import OpGraph, OpNode, ParamRef
 from graphpipe.graph.param_owners import assign_params
@@ -122,7 +125,11 @@ def _captured_by_fx(model: nn.Module, given: ModelInputs, leaf_modules: tuple[An
 
 
 def _captured_by_export(model: nn.Module, given: ModelInputs, name: str, with_graph: bool) -> CapturedModule:
-    gm, in_spec, out_spec = export_module(model, given)
+    if has_meta_tensors(model):  # fake tensors need one device: run export on meta copies of everything
+        with all_on_meta(model):
+            gm, in_spec, out_spec = export_module(model, given.map_tensors(lambda t: t.to("meta")))
+    else:
+        gm, in_spec, out_spec = export_module(model, given)
     gm = with_all_state(prune_graph(gm), model)
     input_names = tuple(node.name for node in gm.graph.nodes if node.op == "placeholder")
     flat = fx_pytree.tree_flatten_spec((tuple(given.args), dict(given.kwargs)), in_spec)
@@ -163,7 +170,11 @@ def hold_tensors(module: nn.Module, named: Iterable[tuple[str, torch.Tensor]]) -
 def _op_graph(gm: torch.fx.GraphModule, model: nn.Module, given: ModelInputs, flat_inputs: list[Any], *,
               name: str, method: str) -> OpGraph:
     batch_size = given.batch_size()
-    values = record_values(gm, model, _on_model_device(model, tuple(flat_inputs)), batch_size)
+    if has_meta_tensors(gm):  # shapes only: meta inputs, and meta copies of any real buffers next to meta weights
+        with all_on_meta(gm):
+            values = record_values(gm, model, tuple(_to_meta(x) for x in flat_inputs), batch_size)
+    else:
+        values = record_values(gm, model, tuple(flat_inputs), batch_size)
     params = assign_params(gm, model)
     ops = tuple(_op_node(node, gm, values, params.get(node.name, ())) for node in gm.graph.nodes)
     return OpGraph(name=name, ops=mark_replicated(ops), example_batch_size=batch_size, capture=method)
@@ -241,9 +252,5 @@ def _target_str(node: torch.fx.Node) -> str:
     return f"{module}.{getattr(target, '__qualname__', getattr(target, '__name__', str(target)))}".lstrip(".")
 
 
-def _on_model_device(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Move the inputs to meta when the model's weights are on meta, so shapes propagate without data."""
-    tensors = list(model.parameters()) + list(model.buffers())
-    if not any(t.is_meta for t in tensors):
-        return inputs
-    return tuple(x.to("meta") if isinstance(x, torch.Tensor) else x for x in inputs)
+def _to_meta(value: Any) -> Any:
+    return value.to("meta") if isinstance(value, torch.Tensor) else value

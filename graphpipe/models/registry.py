@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from contextlib import nullcontext
 from types import ModuleType
 from typing import Any
 
 import torch
 
+from graphpipe.empty_weights import empty_weights
 from graphpipe.errors import ModelLoadError
 from graphpipe.models.user_factory import is_file_spec, load_user_model
 from graphpipe.models.zoo_model import ExampleData, ZooModel, to_device
@@ -28,20 +30,24 @@ PRESET_NAMES: tuple[str, ...] = ("tiny", "paper")
 
 
 def load_model(spec: str, preset: str = "tiny", *, batch_size: int | None = None,
-               device: str | torch.device | None = None, seed: int = 0, **overrides: Any) -> ZooModel:
+               device: str | torch.device | None = None, seed: int = 0, empty: bool = False,
+               **overrides: Any) -> ZooModel:
     """Build a zoo model (or call a `path/to/file.py:factory`) with its example batch.
 
     `overrides` replace preset fields (e.g. `num_branches=8`). With `device="meta"` no weights are
     allocated (for capture); on any other device the model is built on CPU with `seed` and moved, so
-    the same seed gives the same weights everywhere.
+    the same seed gives the same weights everywhere. With `empty=True` the parameters are left on
+    meta (`graphpipe.empty_weights`: buffers and example data stay real) for a trainer to give each
+    rank only its stage's values.
     """
     target = torch.device(device) if device is not None else torch.device("cpu")
     if is_file_spec(spec):
-        return load_user_model(spec, preset, batch_size=batch_size, device=target, seed=seed, **overrides)
+        return load_user_model(spec, preset, batch_size=batch_size, device=target, seed=seed, empty=empty,
+                               **overrides)
     module = _zoo_module(spec)
     config = zoo_config(spec, preset, batch_size=batch_size, **overrides)
     build_device = torch.device("meta") if target.type == "meta" else torch.device("cpu")
-    with torch.random.fork_rng(devices=[]), torch.device(build_device):
+    with torch.random.fork_rng(devices=[]), torch.device(build_device), empty_weights() if empty else nullcontext():
         torch.manual_seed(seed)
         built: ZooModel = module.build(config, ExampleData(seed, build_device))
     return built if build_device == target else to_device(built, target)

@@ -11,12 +11,14 @@ import hashlib
 import importlib.util
 import inspect
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from graphpipe.empty_weights import empty_weights
 from graphpipe.errors import GraphCaptureError, ModelLoadError
 from graphpipe.model_inputs import ModelInputs, as_model_inputs
 from graphpipe.models.zoo_model import ZooModel, to_device
@@ -28,13 +30,13 @@ def is_file_spec(spec: str) -> bool:
 
 
 def load_user_model(spec: str, preset: str, *, batch_size: int | None, device: torch.device, seed: int,
-                    **overrides: Any) -> ZooModel:
+                    empty: bool = False, **overrides: Any) -> ZooModel:
     factory = _load_factory(spec)
     offered: dict[str, Any] = {"preset": preset, "seed": seed, "device": device}
     if batch_size is not None:
         offered["batch_size"] = batch_size
     kwargs = _accepted(factory, offered, overrides, spec)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), empty_weights() if empty else nullcontext():
         torch.manual_seed(seed)
         try:
             result = factory(**kwargs)

@@ -65,4 +65,7 @@ def to_device(zoo: ZooModel, device: torch.device) -> ZooModel:
             return {key: move(item) for key, item in value.items()}
         return value
 
-    return ZooModel(zoo.model.to(device), move(zoo.inputs), move(zoo.targets), zoo.loss_fn)
+    model = zoo.model
+    if not any(t.is_meta for t in (*model.parameters(), *model.buffers())):  # empty weights move with their stage
+        model = model.to(device)
+    return ZooModel(model, move(zoo.inputs), move(zoo.targets), zoo.loss_fn)

@@ -35,7 +35,8 @@ def batch_coupling_notes(graph: OpGraph, plan: Plan) -> tuple[str, ...]:
     return (f"{len(coupled)} train-mode BatchNorm op(s) normalise each micro-batch share of {sizes} samples, not "
             f"the mini-batch of {plan.global_batch_size} (as in every pipeline system): the numbers differ from "
             "single-device training; plan with a micro-batch equal to the mini-batch on one device per stage "
-            "for the exact statistics",)
+            "for the exact statistics, or train with batch_norm='sync' (each micro-batch normalised whole) or "
+            "'deferred' (running statistics over the whole mini-batch)",)
 
 
 def _is_batch_norm_in_training(op: OpNode) -> bool:

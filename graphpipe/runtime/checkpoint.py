@@ -2,7 +2,9 @@
 
 Layout of a checkpoint directory (one per saved step):
 
-    stage_0.pt ...      parameters and buffers (original names), optimizer state, step
+    stage_0.pt ...      parameters and buffers (original names), optimizer state, step; a parameter
+                        several stages hold (tied weights) only in the first holder's file,
+                        with its optimizer state; the others name that stage (`shared_from`)
     rank_0_rng.pt ...   each rank's torch RNG state
     complete            JSON {"step", "num_stages", "world_size", "files": {name: {"bytes", "sha256"}}},
                         written last by rank 0
@@ -41,10 +43,7 @@ def save_stage(directory: str, trainer: PipelineTrainer, *, barrier: Callable[[]
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     if trainer.is_stage_leader:
-        optimizer = trainer.optimizer.state_dict() if trainer.optimizer is not None else {}
-        state = {"model": trainer.state_dict(), "optimizer": optimizer,
-                 "step": trainer.step_count, "ops": list(trainer.stage_info.ops)}
-        torch_save_atomic(state, root / f"stage_{trainer.stage_idx}.pt")
+        torch_save_atomic(_stage_state(trainer), root / f"stage_{trainer.stage_idx}.pt")
     torch_save_atomic({"rng": torch.get_rng_state()}, root / f"rank_{trainer.rank}_rng.pt")
     barrier()
     if trainer.rank == 0:
@@ -54,6 +53,21 @@ def save_stage(directory: str, trainer: PipelineTrainer, *, barrier: Callable[[]
                                             "files": file_records(root, checkpoint_files(plan.num_stages,
                                                                                          plan.world_size))})
     barrier()
+
+
+def _stage_state(trainer: PipelineTrainer) -> dict[str, Any]:
+    """The stage file's contents: shared parameters held by an earlier stage are left to that stage's file."""
+    names = list(trainer.stage.spec.param_names)
+    elsewhere = {name: owner for name, owner in trainer.shared_owner.items()
+                 if owner != trainer.stage_idx and name in names}
+    model = {name: tensor for name, tensor in trainer.state_dict().items() if name not in elsewhere}
+    optimizer = trainer.optimizer.state_dict() if trainer.optimizer is not None else {}
+    if optimizer:
+        dropped = {names.index(name) for name in elsewhere}
+        optimizer = {**optimizer, "state": {idx: value for idx, value in optimizer["state"].items()
+                                            if idx not in dropped}}
+    return {"model": model, "optimizer": optimizer, "step": trainer.step_count, "ops": list(trainer.stage_info.ops),
+            "param_names": names, "shared_from": elsewhere}
 
 
 def checkpoint_files(num_stages: int, world_size: int) -> list[str]:
@@ -79,7 +93,8 @@ def load_stage(directory: str, trainer: PipelineTrainer) -> None:
                             f"the plan has {trainer.plan.num_stages} on {trainer.plan.world_size}: resume with the "
                             "plan it was saved with")
     stage_file, rng_file = f"stage_{trainer.stage_idx}.pt", f"rank_{trainer.rank}_rng.pt"
-    problem = checkpoint_damage(root, marker, only=(stage_file, rng_file))
+    owner_files = {f"stage_{owner}.pt" for owner in trainer.shared_owner.values() if owner != trainer.stage_idx}
+    problem = checkpoint_damage(root, marker, only=(stage_file, rng_file, *owner_files))
     if problem:
         raise TrainingError(f"checkpoint {root} is damaged ({problem}); resume from an earlier step (`--resume` "
                             "picks the newest intact one)")
@@ -87,12 +102,28 @@ def load_stage(directory: str, trainer: PipelineTrainer) -> None:
     if tuple(state["ops"]) != trainer.stage_info.ops:
         raise TrainingError(f"checkpoint {root}: stage {trainer.stage_idx} holds other ops than the plan's; "
                             "resume with the plan it was saved with")
+    _take_shared(state, root, trainer.device)
     _load_tensors(trainer, state["model"], root)
     if trainer.optimizer is not None:
         trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.step_count = int(state["step"])
     if (root / rng_file).exists():
         torch.set_rng_state(torch.load(root / rng_file, weights_only=True)["rng"])
+
+
+def _take_shared(state: dict[str, Any], root: Path, device: torch.device) -> None:
+    """Fill in the shared parameters (and their optimizer state) this stage file leaves to an earlier stage's."""
+    shared_from: dict[str, int] = state.get("shared_from") or {}
+    owners: dict[int, dict[str, Any]] = {}
+    for name, owner in shared_from.items():
+        if owner not in owners:  # mapped, not read whole: only the shared tensors are touched
+            owners[owner] = torch.load(root / f"stage_{owner}.pt", map_location=device, weights_only=True, mmap=True)
+        source = owners[owner]
+        state["model"][name] = source["model"][name]
+        moments = source["optimizer"].get("state", {}) if source["optimizer"] else {}
+        kept = moments.get(source["param_names"].index(name))
+        if kept is not None and state["optimizer"]:
+            state["optimizer"]["state"][state["param_names"].index(name)] = kept
 
 
 def _load_tensors(trainer: PipelineTrainer, saved: dict[str, torch.Tensor], root: Path) -> None:

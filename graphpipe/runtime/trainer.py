@@ -1,14 +1,17 @@
 """PipelineTrainer: train a planned stage graph, one process per rank, with single-device numerics.
 
-Every rank builds the whole model (same seed), captures it the way the plan's graph was
-captured (fx or torch.export, from `example_inputs`), and keeps the stage its rank belongs
-to; the optimizer only sees that stage's parameters. One `step` runs the rank's action list
+Every rank builds the model (with the same seed, or with `graphpipe.empty_weights()`: no
+parameter values at all), captures it the way the plan's graph was captured (fx or
+torch.export, from `example_inputs`), and keeps the stage its rank belongs to, giving values
+to that stage's parameters only when they were left empty; the optimizer only sees that
+stage's parameters. One `step` runs the rank's action list
 for the mini-batch, all-reduces gradients inside the stage's data-parallel group, steps the
 optimizer once, and returns the mini-batch mean loss on every rank.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -16,14 +19,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from graphpipe.empty_weights import has_meta_tensors
 from graphpipe.errors import GraphCaptureError, ScheduleError, TrainingError
 from graphpipe.graph.capture import CapturedModule, capture_module
 from graphpipe.graph.prune import prune_graph
 from graphpipe.graph.tracer import trace_module
 from graphpipe.planner.stage_graph import Plan
+from graphpipe.runtime.batch_norm import prepare_batch_norm
 from graphpipe.runtime.checkpoint import load_stage, save_stage
 from graphpipe.runtime.comm import DistTransport, Transport
 from graphpipe.runtime.executor import LossFn, StageExecutor
+from graphpipe.runtime.materialize import materialize
 from graphpipe.runtime.shared_grads import SharedGrads
 from graphpipe.runtime.stage_module import StageModule, split_stages
 from graphpipe.schedule.action import Action, ActionKind
@@ -51,7 +57,8 @@ class PipelineTrainer:
                  schedule: str | Schedule = "1f1b", leaf_modules: Iterable[type | str] = (),
                  example_inputs: Any = None, device: torch.device | str | None = None, process_group: Any = None,
                  transport: Transport | None = None, rank: int | None = None,
-                 autocast: torch.dtype | None = None) -> None:
+                 autocast: torch.dtype | None = None, batch_norm: str = "micro",
+                 weights: str | os.PathLike[str] | None = None, init_seed: int = 0) -> None:
         self.plan = plan
         self.device = torch.device(device) if device is not None else _default_device()
         if transport is None:
@@ -69,8 +76,12 @@ class PipelineTrainer:
         self.input_names = tuple(node.name for node in traced.graph.nodes if node.op == "placeholder")
         stages = split_stages(self.captured, plan)
         self.stage: StageModule = stages[self.stage_info.idx]
+        self._materialize(model, traced, weights, init_seed)
         self.stage.module.to(self.device)
         self.schedule = _make_schedule(plan, schedule)
+        self.batch_norm = prepare_batch_norm(self.stage, batch_norm, transport=transport,
+                                             dp_ranks=tuple(self.stage_info.ranks),
+                                             num_micro_batches=plan.num_micro_batches(self.stage_info.idx))
         self.actions: tuple[Action, ...] = self.schedule.for_stage(self.stage_info.idx)
         if [a.kind for a in self.actions].count(ActionKind.STEP) != 1:
             raise ScheduleError(f"stage {self.stage_info.idx}'s action list must hold exactly one STEP (after AR); "
@@ -79,10 +90,23 @@ class PipelineTrainer:
         # a stage without parameters (a parameter-free merge, say) has nothing to optimise
         self.optimizer: torch.optim.Optimizer | None = optimizer(params) if params else None
         shared_names = {name for stage in stages for name in stage.spec.shared_params}
+        # a checkpoint stores each shared parameter once, in the file of the first stage that holds it
+        self.shared_owner = {name: min(stage.spec.stage_idx for stage in stages if name in stage.spec.shared_params)
+                             for name in shared_names}
         shared = SharedGrads.of(sorted(shared_names), traced, range(plan.world_size)) if shared_names else None
         self.executor = StageExecutor(plan=plan, stage=self.stage, rank=rank, transport=transport,
                                       loss_fn=loss_fn, params=params, on_step=self._optimizer_step, autocast=autocast,
                                       shared=shared)
+
+    def _materialize(self, model: nn.Module, traced: nn.Module, weights: str | os.PathLike[str] | None,
+                     seed: int) -> None:
+        """Give this stage's meta tensors values (or read them all from `weights`); other stages' stay meta."""
+        if weights is None and not has_meta_tensors(self.stage.module):
+            return
+        module = self.stage.module
+        names = [name for name, _ in (*module.named_parameters(remove_duplicate=False),
+                                      *module.named_buffers(remove_duplicate=False))]
+        materialize(model, names=names, seed=seed, weights=weights, into=(module, traced))
 
     def _dist_transport(self, process_group: Any) -> tuple[Transport, int]:
         if not dist.is_initialized():
@@ -143,6 +167,7 @@ class PipelineTrainer:
         return {name: _to(value, self.device) for name, value in named.items() if name in wanted}
 
     def _optimizer_step(self) -> None:
+        self.batch_norm.commit()
         if self.optimizer is not None:
             self.optimizer.step()
 

@@ -119,6 +119,7 @@ def test_costs_for_another_graph_are_refused(tmp_path: Path, capsys: pytest.Capt
     (["--steps", "-3"], "--steps must be at least 1, got -3"),
     (["--save-every", "-1", "--checkpoint-dir", "ck"], "--save-every must be 0"),
     (["--resume", "--checkpoint-dir", "{tmp}/empty"], "holds no complete checkpoint"),
+    (["--weights", "{tmp}/none.safetensors"], "--weights {tmp}/none.safetensors does not exist"),
 ])
 def test_train_options_that_cannot_work_are_usage_errors(extra: list[str], says: str, tmp_path: Path,
                                                          diamond_plan: Plan, no_launch: None,
@@ -126,7 +127,7 @@ def test_train_options_that_cannot_work_are_usage_errors(extra: list[str], says:
     diamond_plan.save(tmp_path / "plan.json")
     argv = ["train", "--plan", str(tmp_path / "plan.json"), "--nproc", "3", *extra]
     assert cli_main.main([word.format(tmp=tmp_path) for word in argv]) == 2
-    assert says in _one_line(capsys)
+    assert says.format(tmp=tmp_path) in _one_line(capsys)
 
 
 def _fake_launch(result: LaunchResult, steps: int = 2) -> Any:

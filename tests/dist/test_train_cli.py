@@ -79,3 +79,42 @@ def test_a_killed_rank_ends_the_run_and_resume_continues_from_the_last_complete_
         events = json.loads((tmp_path / "trace" / f"rank_{rank}.json").read_text())["traceEvents"]
         names = [e["name"] for e in events if e["ph"] == "X"]
         assert names.count("STEP") == 2 and "F0" in names and "B3" in names
+
+
+def test_weights_from_a_file_and_meta_init_train_like_one_device_from_the_same_start(tmp_path: Path) -> None:
+    """`--weights FILE`: every rank builds the model without weights and reads its stage's keys; the losses are
+    those of one device starting from the file. `--init meta` starts where `gp.materialize` puts one device."""
+    from safetensors.torch import save_file
+
+    from graphpipe.runtime.materialize import materialize
+
+    from_file = load_model("toy_diamond", "tiny", batch_size=8, empty=True)
+    materialize(from_file.model, seed=4)  # other weights than --init meta's (seed 0)
+    path = tmp_path / "start.safetensors"
+    save_file({name: t.detach().contiguous() for name, t in from_file.model.state_dict().items()}, str(path))
+    from_seeds = load_model("toy_diamond", "tiny", batch_size=8, empty=True)
+    materialize(from_seeds.model, seed=0)
+    plan = _plan_file(tmp_path)
+    for extra, start in ((["--weights", str(path)], from_file), (["--init", "meta"], from_seeds)):
+        done = subprocess.run([sys.executable, "-m", "graphpipe.cli.main", "train", "--plan", str(plan), "--nproc",
+                               "3", "--steps", "2", "--lr", str(LR), "--json", *extra],
+                              capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr[-3000:]
+        losses = [row["loss"] for row in json.loads(done.stdout)["steps"]]
+        assert losses == pytest.approx(_losses_from(start, 2), rel=1e-5), extra
+
+
+def _losses_from(zoo: object, num_steps: int) -> list[float]:
+    import copy
+
+    zoo = copy.deepcopy(zoo)
+    optimizer = torch.optim.Adam(zoo.model.parameters(), lr=LR)  # type: ignore[attr-defined]
+    losses = []
+    for step in range(num_steps):
+        inputs, targets = shuffled_batch(zoo, 0, step)
+        optimizer.zero_grad()
+        loss = zoo.loss_fn(zoo.model(*inputs), targets)  # type: ignore[attr-defined]
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses

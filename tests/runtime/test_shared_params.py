@@ -1,10 +1,11 @@
 """A weight tied across stages: each stage holds a copy, the gradients are summed over the plan, and
 training equals single-device training (the issue's tied towers: one embedding, two towers, and an output
-layer tied to it, on three stages; and a data-parallel stage among them)."""
+layer tied to it, on three stages; and a data-parallel stage among them). A checkpoint stores the tied weight once."""
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -54,3 +55,29 @@ def test_tied_weights_on_three_stages_train_like_one_device(ranks: list[tuple[in
     for trainer in trainers:  # every copy of the tied weight equals the reference, and so does the rest
         for name, param in trainer.named_parameters():
             assert max_relative_error(param.detach(), want[name].detach()) < 1e-10, (trainer.rank, name)
+
+
+def test_a_checkpoint_stores_a_tied_weight_once_and_resumes_like_uninterrupted(tmp_path: Path) -> None:
+    from tests.runtime.scenarios import SCENARIOS, in_memory_trainers, reference
+
+    batches = SCENARIOS["tied_towers3"].make_batches(4)
+
+    def steps(trainers: list[PipelineTrainer], some: list, save: bool = False) -> list[float]:
+        def body(rank: int) -> list[float]:
+            losses = [trainers[rank].step(x, y) for x, y in some]
+            if save:
+                trainers[rank].save(str(tmp_path))
+            return losses
+
+        return run_threads(len(trainers), body)[0]
+
+    first = steps(in_memory_trainers("tied_towers3"), batches[:2], save=True)
+    files = [torch.load(tmp_path / f"stage_{idx}.pt", weights_only=True) for idx in range(3)]
+    assert ["embed.weight" in state["model"] for state in files] == [True, False, False]
+    assert [state["shared_from"] for state in files] == [{}, {"embed.weight": 0}, {"embed.weight": 0}]
+    fresh = in_memory_trainers("tied_towers3")
+    for trainer in fresh:
+        trainer.load(str(tmp_path))
+    second = steps(fresh, batches[2:])
+    expected, _ = reference(SCENARIOS["tied_towers3"], 4)
+    assert first + second == pytest.approx(expected, rel=1e-5)  # float32 model: summation order

@@ -104,6 +104,16 @@ def train_args_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def cuda_devices_problem(ranks_here: int) -> str | None:
+    """Each rank of a machine takes one CUDA device (NCCL): more ranks than devices cannot start."""
+    if not torch.cuda.is_available() or ranks_here <= torch.cuda.device_count():
+        return None
+    count = torch.cuda.device_count()
+    return (f"{ranks_here} ranks on this machine but it has {count} CUDA device(s), and each rank takes one: start "
+            f"at most {count} (--nproc {count}), or hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on the CPU "
+            "with gloo")
+
+
 def builds_empty(args: argparse.Namespace) -> bool:
     """Whether the model is built without parameter values (--init meta, or weights to load)."""
     return getattr(args, "init", "model") == "meta" or bool(getattr(args, "weights", None))
@@ -148,6 +158,9 @@ def _init_process_group(timeout_s: float) -> torch.device:
                             "`graphpipe train --nproc N` or `torchrun --nproc-per-node N -m graphpipe.train ...`")
     use_cuda = torch.cuda.is_available()
     device = torch.device("cpu")
+    problem = cuda_devices_problem(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    if problem:
+        raise TrainingError(problem)
     if use_cuda:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)

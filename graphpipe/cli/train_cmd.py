@@ -46,9 +46,9 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from graphpipe.runtime.launch import launch
-    from graphpipe.train import train_args_problem
+    from graphpipe.train import cuda_devices_problem, train_args_problem
 
-    problem = train_args_problem(args) or _nothing_to_resume(args)
+    problem = train_args_problem(args) or _nothing_to_resume(args) or cuda_devices_problem(args.nproc)
     if problem:
         raise UsageError(problem)
     with tempfile.TemporaryDirectory(prefix="graphpipe-train-") as scratch:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import graphpipe.runtime.launch as launch_module
 from graphpipe.cli import main as cli_main
@@ -128,6 +129,16 @@ def test_train_options_that_cannot_work_are_usage_errors(extra: list[str], says:
     argv = ["train", "--plan", str(tmp_path / "plan.json"), "--nproc", "3", *extra]
     assert cli_main.main([word.format(tmp=tmp_path) for word in argv]) == 2
     assert says.format(tmp=tmp_path) in _one_line(capsys)
+
+
+def test_more_ranks_than_cuda_devices_is_a_usage_error(tmp_path: Path, diamond_plan: Plan, no_launch: None,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    diamond_plan.save(tmp_path / "plan.json")
+    assert cli_main.main(["train", "--plan", str(tmp_path / "plan.json"), "--nproc", "3"]) == 2
+    assert "3 ranks on this machine but it has 2 CUDA device(s)" in _one_line(capsys)
 
 
 def _fake_launch(result: LaunchResult, steps: int = 2) -> Any:

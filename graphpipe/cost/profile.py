@@ -375,9 +375,19 @@ def _preserved(model: nn.Module, device: torch.device, num_threads: int | None) 
                     buf.copy_(buffers[name])
 
 
+class _NoBar:
+    """What the profiler calls on a progress bar, doing nothing: no progress shown, tqdm not needed."""
+
+    def update(self, count: int = 1) -> None:
+        del count
+
+
 @contextlib.contextmanager
 def _progress_bar(total: int, enabled: bool) -> Iterator[Any]:
+    if not enabled:
+        yield _NoBar()
+        return
     from tqdm import tqdm
 
-    with tqdm(total=total, disable=not enabled, desc="profiling ops", unit="op", leave=False) as bar:
+    with tqdm(total=total, desc="profiling ops", unit="op", leave=False) as bar:
         yield bar

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from graphpipe.empty_weights import has_meta_tensors
 from graphpipe.model_inputs import ModelInputs, as_model_inputs
 
 
@@ -66,6 +67,6 @@ def to_device(zoo: ZooModel, device: torch.device) -> ZooModel:
         return value
 
     model = zoo.model
-    if not any(t.is_meta for t in (*model.parameters(), *model.buffers())):  # empty weights move with their stage
+    if not has_meta_tensors(model):  # empty weights move with their stage, once it has values
         model = model.to(device)
     return ZooModel(model, move(zoo.inputs), move(zoo.targets), zoo.loss_fn)

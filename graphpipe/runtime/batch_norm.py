@@ -58,13 +58,10 @@ class BatchNormRule:
         """Nothing to do in the default mode."""
 
 
-def prepare_batch_norm(stage: StageModule, mode: str, *, transport: Transport, dp_ranks: Sequence[int],
-                       num_micro_batches: int) -> BatchNormRule:
+def prepare_batch_norm(stage: StageModule, mode: str, *, transport: Transport,
+                       dp_ranks: Sequence[int]) -> BatchNormRule:
     """Swap the stage's BatchNorm modules for `mode`; the returned rule's `commit` runs at each STEP.
-
-    `num_micro_batches` is not needed: the running statistics follow from the accumulated sums
-    and counts, however many calls made them."""
-    del num_micro_batches
+    The running statistics follow from the accumulated sums and counts, however many calls made them."""
     if mode not in BATCH_NORM_MODES:
         raise TrainingError(f"batch_norm must be one of {', '.join(BATCH_NORM_MODES)}, got {mode!r}")
     if mode == "micro":

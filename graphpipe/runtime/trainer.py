@@ -80,8 +80,7 @@ class PipelineTrainer:
         self.stage.module.to(self.device)
         self.schedule = _make_schedule(plan, schedule)
         self.batch_norm = prepare_batch_norm(self.stage, batch_norm, transport=transport,
-                                             dp_ranks=tuple(self.stage_info.ranks),
-                                             num_micro_batches=plan.num_micro_batches(self.stage_info.idx))
+                                             dp_ranks=tuple(self.stage_info.ranks))
         self.actions: tuple[Action, ...] = self.schedule.for_stage(self.stage_info.idx)
         if [a.kind for a in self.actions].count(ActionKind.STEP) != 1:
             raise ScheduleError(f"stage {self.stage_info.idx}'s action list must hold exactly one STEP (after AR); "

@@ -247,7 +247,7 @@ def test_swap_keeps_the_models_tensors_and_names_and_eval_is_plain_batch_norm(mo
     before = [(stage.named_parameters(), stage.named_buffers()) for stage in stages]
     hub = InMemoryHub(1)
     for stage in stages:
-        prepare_batch_norm(stage, mode, transport=hub.transport(0), dp_ranks=(0,), num_micro_batches=3)
+        prepare_batch_norm(stage, mode, transport=hub.transport(0), dp_ranks=(0,))
     assert isinstance(stages[0].module.get_submodule("bn0"), PipelineBatchNorm)
     assert isinstance(stages[1].module.get_submodule("bn2"), PipelineBatchNorm)
     assert type(model.bn0) is nn.BatchNorm1d  # the model's own tree is untouched
@@ -267,8 +267,7 @@ def test_swap_keeps_the_models_tensors_and_names_and_eval_is_plain_batch_norm(mo
 def test_deferred_leaves_running_stats_until_commit() -> None:
     model = make_model()
     stage = _split(model)[0]
-    rule = prepare_batch_norm(stage, "deferred", transport=InMemoryHub(1).transport(0), dp_ranks=(0,),
-                              num_micro_batches=2)
+    rule = prepare_batch_norm(stage, "deferred", transport=InMemoryHub(1).transport(0), dp_ranks=(0,))
     x = make_batches(1)[0][0]
     before = model.bn0.running_mean.clone()
     stage.module.train()
@@ -287,8 +286,7 @@ def test_deferred_leaves_running_stats_until_commit() -> None:
 def test_unknown_mode_is_refused_with_the_modes() -> None:
     stage = _split(make_model())[0]
     with pytest.raises(TrainingError, match=r"micro, deferred, sync.*'global'"):
-        prepare_batch_norm(stage, "global", transport=InMemoryHub(1).transport(0), dp_ranks=(0,),
-                           num_micro_batches=1)
+        prepare_batch_norm(stage, "global", transport=InMemoryHub(1).transport(0), dp_ranks=(0,))
 
 
 class FunctionalBn(nn.Module):
@@ -313,7 +311,7 @@ def test_function_form_batch_norm_is_refused_outside_micro(capture: str) -> None
     model: nn.Module = FunctionalBn() if capture == "fx" else nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
     gm = capture_module(model, (torch.randn(6, 4),), method=capture, with_graph=False).module
     transport = InMemoryHub(1).transport(0)
-    prepare_batch_norm(_whole_stage(gm), "micro", transport=transport, dp_ranks=(0,), num_micro_batches=1)
+    prepare_batch_norm(_whole_stage(gm), "micro", transport=transport, dp_ranks=(0,))
     for mode in ("deferred", "sync"):
         with pytest.raises(TrainingError, match=r"batch norm as a function \(.*batch_norm.*capture='fx'"):
-            prepare_batch_norm(_whole_stage(gm), mode, transport=transport, dp_ranks=(0,), num_micro_batches=1)
+            prepare_batch_norm(_whole_stage(gm), mode, transport=transport, dp_ranks=(0,))

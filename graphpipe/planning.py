@@ -3,7 +3,7 @@
 The planners optimise the bottleneck stage's time per sample (TPS), which ignores warm-up
 and cool-down, where graph pipelines gain the most. So the best plan per micro-batch size
 is kept, each is simulated (`rank_by="simulation"`), and the one with the shortest
-simulated iteration wins (PAPER.md §4, [ours]); `rank_by="tps"` picks by TPS alone. A
+simulated iteration wins (docs/method.md §4, [ours]); `rank_by="tps"` picks by TPS alone. A
 candidate whose lower bound on the iteration (its busiest stage's own work) is above the best
 simulated so far is not simulated: the winner is the same (`docs/architecture.md`). For the
 ranking by simulation every size's plan is searched to full precision (`every_size`), not

@@ -1,4 +1,4 @@
-"""Reproduce the paper's evaluation (PAPER.md §6) on the simulated Summit cluster.
+"""Reproduce the paper's evaluation (docs/method.md §6) on the simulated Summit cluster.
 
     .venv/bin/python benchmarks/paper/run.py            # paper presets, about 6 minutes on 2 cores
     .venv/bin/python benchmarks/paper/run.py --quick    # tiny presets, seconds, into a temporary folder
@@ -752,7 +752,7 @@ def headline(runs: Sequence[Run], setup: Setup) -> list[dict[str, Any]]:
 # ---- generated markdown: TABLES.md and HEADLINE.md ---------------------------------------------
 
 REGENERATE = ".venv/bin/python benchmarks/paper/run.py"
-PAPER_SPEEDUP = "up to 1.6x"  # PAPER.md §6: graphpipe over PipeDream and Piper
+PAPER_SPEEDUP = "up to 1.6x"  # docs/method.md §6: graphpipe over PipeDream and Piper
 
 
 def write_reports(results: dict[str, Any], out_dir: Path) -> list[Path]:

@@ -1,4 +1,4 @@
-"""Search time of every planner on the paper's branchy models (PAPER.md §6): writes results.json and
+"""Search time of every planner on the paper's branchy models (docs/method.md §6): writes results.json and
 prints the README tables.
 
     .venv/bin/python benchmarks/search_time/run.py            # all models, 4..32 devices, 3 rounds

@@ -1,7 +1,7 @@
 """Turn a partition (op sets, device counts, micro-batch sizes) into a validated-shape `Plan`.
 
 Stages are numbered in topological order of the stage graph; edges carry the producer ops
-whose outputs cross, with their bytes per sample; in-flight counts follow PAPER.md §3;
+whose outputs cross, with their bytes per sample; in-flight counts follow docs/method.md §3;
 predictions (fwd/bwd, TPS, memory) come from `CostModel.stage_cost` and `plan.memory`.
 A sequential partition gets ordering edges (no tensors) between consecutive stages so
 that its stage graph is the chain a sequential pipeline runs.

@@ -1,4 +1,4 @@
-"""The in-flight rule (PAPER.md §3): how many samples' activations a stage keeps alive.
+"""The in-flight rule (docs/method.md §3): how many samples' activations a stage keeps alive.
 
     sink stage:   n_i = b_i
     other stages: n_i = max over successors j of (n_j + max(b_i, b_j))

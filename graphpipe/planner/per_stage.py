@@ -1,4 +1,4 @@
-"""Per-stage micro-batch sizes (kFkB, PAPER.md §3-§4), as a refinement of a uniform-size plan.
+"""Per-stage micro-batch sizes (kFkB, docs/method.md §3-§4), as a refinement of a uniform-size plan.
 
 The DP runs with one micro-batch size everywhere (the paper found per-stage sizes gave
 incremental gains on its models). With `per_stage_micro_batch=True` each candidate is then

@@ -23,7 +23,7 @@ class Stage:
     ops: tuple[str, ...]  # in the op graph's topological order
     ranks: tuple[int, ...]  # data parallel over these ranks
     micro_batch_size: int  # samples per micro-batch, over all ranks of the stage
-    in_flight_samples: int  # samples whose activations are alive at once (PAPER.md §3)
+    in_flight_samples: int  # samples whose activations are alive at once (docs/method.md §3)
     fwd_ms: float = 0.0  # one micro-batch on one rank (micro_batch_size / len(ranks) samples)
     bwd_ms: float = 0.0
     memory_bytes: int = 0  # predicted peak per rank

@@ -1,4 +1,4 @@
-"""`validate_plan`: the invariants every planner's answer must keep (PAPER.md §2).
+"""`validate_plan`: the invariants every planner's answer must keep (docs/method.md §2).
 
 Every op in exactly one stage; stages convex (no path of data edges leaves a stage and comes
 back: a replicated op is computed by every stage that reads it); stage edges equal the data
@@ -123,4 +123,4 @@ def _check_in_flight(plan: Plan) -> None:
     for stage in plan.stages:
         if stage.in_flight_samples != counts[stage.idx]:
             raise PlanValidationError(f"stage {stage.idx} holds {stage.in_flight_samples} in-flight samples but "
-                                      f"the rule of PAPER.md §3 gives {counts[stage.idx]}")
+                                      f"the rule of docs/method.md §3 gives {counts[stage.idx]}")

@@ -1,4 +1,4 @@
-"""Graph-aware 1F1B (PAPER.md §5): warm-up from the in-flight count, then one forward, one backward.
+"""Graph-aware 1F1B (docs/method.md §5): warm-up from the in-flight count, then one forward, one backward.
 
 Stages are handled from the last to the first (`warmup.in_flight_rule`): a stage's
 warm-up is its in-flight samples / micro-batch size, so on a chain stage i of p runs

@@ -1,4 +1,4 @@
-"""Warm-up counts: how many forwards a stage runs before its first backward (PAPER.md §3, §5).
+"""Warm-up counts: how many forwards a stage runs before its first backward (docs/method.md §3, §5).
 
 The in-flight rule is the planner's (`graphpipe.planner.in_flight`), walked from the sink
 back to the sources: the sink keeps one micro-batch (n = b); any other stage keeps

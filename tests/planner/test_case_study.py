@@ -1,4 +1,4 @@
-"""The paper's case study (PAPER.md §6) on the zoo's `two_branch` model: 8 devices, memory-limited.
+"""The paper's case study (docs/method.md §6) on the zoo's `two_branch` model: 8 devices, memory-limited.
 
 Two branches of 4 [attention + 2 linear] layers, a concat and a head. The paper's graph
 pipeline ends in a merge stage M that takes the tails of both branches plus the concat and
@@ -12,7 +12,7 @@ the head (`graphpipe.planner.fork_join`), so both sources are 4 stages from the 
   micro-batches of 2 at its sources, which do not fit.
 - 0.4 GiB: graphpipe runs the same 8 one-layer stages as the sequential pipeline, as two chains
   side by side, with micro-batch 2; the concat and the head ride on one branch's last stage,
-  which makes the other chain one hop longer: depth 5, counted as PAPER.md §3 counts it.
+  which makes the other chain one hop longer: depth 5, counted as docs/method.md §3 counts it.
 - 0.52 GiB: M holds both whole fourth layers, the concat and the head on 2 data-parallel
   devices: depth 4 with micro-batch 4, against a sequential pipeline 7 deep with micro-batch 2
   (the model inputs are read from the data by every stage, so no stage waits for them).

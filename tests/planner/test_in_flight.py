@@ -1,4 +1,4 @@
-"""The in-flight rule of PAPER.md §3, with the paper's checks, and the simulator agreeing with it."""
+"""The in-flight rule of docs/method.md §3, with the paper's checks, and the simulator agreeing with it."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ def test_kfkb_docstring_table() -> None:
 
 
 def test_paper_in_flight_examples() -> None:
-    """PAPER.md §3: chain of 3, b=4 -> 12, 8, 4; b = 1, 2, 4 -> 10, 8, 4 (first to last)."""
+    """docs/method.md §3: chain of 3, b=4 -> 12, 8, 4; b = 1, 2, 4 -> 10, 8, 4 (first to last)."""
     assert in_flight_rule(chain(3, 4, 16)) == {0: 12, 1: 8, 2: 4}
     assert in_flight_rule(make_plan([(0, 1), (1, 2)], [1, 2, 4], 16)) == {0: 10, 1: 8, 2: 4}
 

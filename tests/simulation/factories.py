@@ -19,7 +19,7 @@ GiB = 2**30
 def make_plan(edges: Sequence[tuple[int, int]], micro_batch_sizes: Sequence[int], global_batch_size: int, *,
               ranks_per_stage: Sequence[int] | None = None, bytes_per_sample: float = 0.0,
               cluster: Cluster | None = None, name: str = "test") -> Plan:
-    """A plan with one op per stage; in-flight counts from the planner's rule (PAPER.md §3)."""
+    """A plan with one op per stage; in-flight counts from the planner's rule (docs/method.md §3)."""
     num_stages = len(micro_batch_sizes)
     dps = list(ranks_per_stage or [1] * num_stages)
     first = [sum(dps[:i]) for i in range(num_stages)]

@@ -80,7 +80,7 @@ def test_grid_validates_simulates_and_matches_the_in_flight_rule(name: str, num_
 
 
 def test_in_flight_matches_the_rule_exactly_when_sizes_grow_downstream() -> None:
-    """PAPER.md §3: b = 1, 2, 4 gives 10, 8, 4 samples (whole micro-batches here)."""
+    """docs/method.md §3: b = 1, 2, 4 gives 10, 8, 4 samples (whole micro-batches here)."""
     plan = make_plan([(0, 1), (1, 2)], [1, 2, 4], 32)
     result = simulate(plan, make_costs(plan))
     assert dict(result.peak_in_flight_samples) == {0: 10, 1: 8, 2: 4}

@@ -3,7 +3,7 @@
 For each micro-batch size b: every set partition of the ops into at most as many blocks
 as devices; blocks must be convex and the stage graph acyclic; each stage gets d devices
 with d dividing b and the total at most the cluster. A candidate is feasible when every
-stage's memory (with in-flight counts from PAPER.md §3 on its stage graph) fits; the best
+stage's memory (with in-flight counts from docs/method.md §3 on its stage graph) fits; the best
 minimises the bottleneck TPS, then the source's in-flight samples. `sp_aligned=True` keeps
 only the partitions the GraphPipe DP can produce (see `graphpipe.planner.partitioner`).
 """

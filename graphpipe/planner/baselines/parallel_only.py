@@ -1,4 +1,4 @@
-"""Graph stages, but the micro-batch size of the best sequential plan (the ablation of PAPER.md §6).
+"""Graph stages, but the micro-batch size of the best sequential plan (the ablation of docs/method.md §6).
 
 Separates the two sources of GraphPipe's gain: parallel stages alone, without the larger
 micro-batch that the shallower pipeline makes fit. The size is the option

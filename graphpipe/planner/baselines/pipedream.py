@@ -1,4 +1,4 @@
-"""The PipeDream planner (PAPER.md §7): linearise, then a DP over contiguous segments with replication.
+"""The PipeDream planner (docs/method.md §7): linearise, then a DP over contiguous segments with replication.
 
 The DAG is linearised along its topological order into a chain of cut states (the
 downward-closed prefixes of that order); a stage is a contiguous segment of the chain,

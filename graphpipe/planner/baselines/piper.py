@@ -1,4 +1,4 @@
-"""The Piper planner (PAPER.md §7): a DP over the downsets (ideals) of the DAG.
+"""The Piper planner (docs/method.md §7): a DP over the downsets (ideals) of the DAG.
 
 Downsets are taken over the graph's units (`graphpipe.graph.sp.stage_units`: replicated ops ride
 with their readers, ops that must share a stage are one unit). A stage is the difference

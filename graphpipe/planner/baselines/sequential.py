@@ -1,4 +1,4 @@
-"""Sequential pipeline parallelism with GraphPipe's own DP (the SPP ablation of PAPER.md §6).
+"""Sequential pipeline parallelism with GraphPipe's own DP (the SPP ablation of docs/method.md §6).
 
 The op graph is linearised in topological order into one chain, so every stage is a run
 of consecutive ops and the stage graph is a chain; the search itself is the GraphPipe

@@ -15,15 +15,19 @@ same ranking picks.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from graphpipe.cost.cluster import Cluster
 from graphpipe.cost.cost_table import CostTable
 from graphpipe.errors import PlanningError, PlanValidationError
+from graphpipe.graph.layers import layer_blocks
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.planner.api import plan_candidates
+from graphpipe.planner.granularity import boundary_blocks, check_granularity, refine_limit
 from graphpipe.planner.notes import batch_coupling_notes
 from graphpipe.planner.stage_graph import Plan
 from graphpipe.planner.validate import check_runtime_rules
@@ -39,22 +43,78 @@ def plan(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: 
          planner: str = "graphpipe", micro_batch_sizes: Sequence[int] | None = None,
          per_stage_micro_batch: bool = False, memory_limit: float | None = None,
          rank_by: str = "simulation", options: dict[str, float] | None = None,
-         use_all_devices: bool = False) -> Plan:
+         use_all_devices: bool = False, granularity: str = "op") -> Plan:
     """The best plan for training `graph` on `cluster` with mini-batches of `global_batch_size` samples.
 
     A plan may leave devices unused when more would not help (the extra ranks stay idle at run time);
-    `use_all_devices=True` keeps only candidates that use every device."""
+    `use_all_devices=True` keeps only candidates that use every device. `granularity` says what the
+    planner cuts between: "op", "layer" (whole layers: `graphpipe.graph.layers`) or "auto" (layer level,
+    then the blocks at the winner's stage boundaries opened to op level, the better of the two kept:
+    `graphpipe.planner.granularity`)."""
     if rank_by not in RANKINGS:
         raise PlanningError(f"unknown ranking {rank_by!r}; choose one of {', '.join(RANKINGS)}")
+    check_granularity(granularity)
     start = time.perf_counter()
+    search = functools.partial(_plan_at, graph, costs, cluster, global_batch_size, planner=planner,
+                               micro_batch_sizes=micro_batch_sizes, per_stage_micro_batch=per_stage_micro_batch,
+                               memory_limit=memory_limit, rank_by=rank_by, options=options,
+                               use_all_devices=use_all_devices)
+    best = _auto(graph, search) if granularity == "auto" else _found(search(granularity))
+    return dataclasses.replace(best, search_time_s=time.perf_counter() - start, planner=planner,
+                               granularity=granularity, notes=best.notes + batch_coupling_notes(graph, best))
+
+
+def _auto(graph: OpGraph, search: Callable[..., Plan | None]) -> Plan:
+    """The layer-level winner, or the winner with the blocks at its stage boundaries (at most `refine_limit`)
+    opened to op level when that one is faster (`graphpipe.planner.granularity`); op level when layer level
+    has no plan at all. The refined candidates are ranked against the layer-level winner: those whose
+    lower bound is above its iteration are not simulated (with many candidates near the layer-level ones,
+    the simulations cost more than the search)."""
+    try:
+        layer = _found(search("layer"))
+    except PlanningError as err:
+        _unless_a_bug(err)
+        return _found(search("op"))
+    blocks = layer_blocks(graph)
+    opened = boundary_blocks(graph, layer, blocks, refine_limit(len(blocks)))
+    if not opened:
+        return layer
+    try:
+        refined = search("layer", frozenset(opened), beat_s=layer.predicted_iteration_s)
+    except PlanningError as err:  # e.g. Piper out of downsets on the finer graph
+        _unless_a_bug(err)
+        return layer
+    return refined if refined is not None and refined.predicted_iteration_s < layer.predicted_iteration_s else layer
+
+
+def _found(best: Plan | None) -> Plan:
+    assert best is not None, "without a time to beat, some candidate is ranked"
+    return best
+
+
+def _unless_a_bug(err: PlanningError) -> None:
+    """Re-raise a plan the runtime would refuse: "auto" falls back when a granularity has no plan, never
+    past a planner bug."""
+    if isinstance(err.__cause__, PlanValidationError):
+        raise err
+
+
+def _plan_at(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int, granularity: str,
+             open_blocks: frozenset[str] = frozenset(), *, planner: str, micro_batch_sizes: Sequence[int] | None,
+             per_stage_micro_batch: bool, memory_limit: float | None, rank_by: str,
+             options: dict[str, float] | None, use_all_devices: bool, beat_s: float = math.inf) -> Plan | None:
+    """The best plan at one granularity ("op" or "layer", less `open_blocks`), ranked and checked; None when
+    a ranking by simulation finds no candidate whose lower bound is below `beat_s` (an iteration time)."""
     if planner == "parallel-only" and "micro_batch_size" not in (options or {}):
-        sequential = plan(graph, costs, cluster, global_batch_size, planner="sequential",
-                          micro_batch_sizes=micro_batch_sizes, per_stage_micro_batch=per_stage_micro_batch,
-                          memory_limit=memory_limit, rank_by=rank_by, options=options)
+        sequential = _found(_plan_at(graph, costs, cluster, global_batch_size, granularity, open_blocks,
+                                     planner="sequential", micro_batch_sizes=micro_batch_sizes,
+                                     per_stage_micro_batch=per_stage_micro_batch, memory_limit=memory_limit,
+                                     rank_by=rank_by, options=options, use_all_devices=False))
         options = {**(options or {}), "micro_batch_size": sequential.stages[0].micro_batch_size}
     candidates = plan_candidates(graph, costs, cluster, global_batch_size, planner=planner,
                                  micro_batch_sizes=micro_batch_sizes, per_stage_micro_batch=per_stage_micro_batch,
-                                 memory_limit=memory_limit, options=options, every_size=rank_by == "simulation")
+                                 memory_limit=memory_limit, options=options, every_size=rank_by == "simulation",
+                                 granularity=granularity, open_blocks=open_blocks)
     if use_all_devices:
         candidates = _using_all(candidates, cluster.num_devices, planner)
     if rank_by == "tps":
@@ -62,7 +122,10 @@ def plan(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: 
         iteration_s = best.global_batch_size * best.predicted_tps_ms / 1e3
         best = dataclasses.replace(best, predicted_iteration_s=iteration_s)
     else:
-        iteration_s, best, result = _best_simulated(candidates, costs, cluster)
+        ranked = _best_simulated(candidates, costs, cluster, beat_s)
+        if ranked is None:
+            return None
+        iteration_s, best, result = ranked
         best = dataclasses.replace(best, predicted_iteration_s=iteration_s,
                                    predicted_samples_per_s=result.samples_per_s)
     try:
@@ -70,8 +133,7 @@ def plan(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: 
     except PlanValidationError as err:
         raise PlanningError(f"planner {planner!r} returned a plan the runtime would refuse (a planner bug): "
                             f"{err}") from err
-    return dataclasses.replace(best, search_time_s=time.perf_counter() - start, planner=planner,
-                               notes=best.notes + batch_coupling_notes(graph, best))
+    return best
 
 
 def _using_all(candidates: Sequence[Plan], num_devices: int, planner: str) -> tuple[Plan, ...]:
@@ -84,17 +146,19 @@ def _using_all(candidates: Sequence[Plan], num_devices: int, planner: str) -> tu
     return full
 
 
-def _best_simulated(candidates: Sequence[Plan], costs: CostTable, cluster: Cluster) -> tuple[float, Plan, SimResult]:
+def _best_simulated(candidates: Sequence[Plan], costs: CostTable, cluster: Cluster,
+                    beat_s: float = math.inf) -> tuple[float, Plan, SimResult] | None:
     """(simulated iteration seconds, plan, result) of the fastest candidate; ties go to the smaller TPS, then
     to the earlier candidate. Candidates are simulated by increasing lower bound
-    (`iteration_lower_bound_s`), and those whose bound is above the best iteration so far are skipped:
-    they could not win, and they are the slow ones to simulate (many micro-batches)."""
+    (`iteration_lower_bound_s`), and those whose bound is above the best iteration so far, or above
+    `beat_s`, are skipped: they could not win, and they are the slow ones to simulate (many micro-batches).
+    None when every bound is above `beat_s`."""
     from graphpipe.simulation.simulator import iteration_lower_bound_s, simulate
 
     bounds = sorted((iteration_lower_bound_s(c, costs, cluster), idx) for idx, c in enumerate(candidates))
     best: tuple[tuple[float, float, int], Plan, SimResult] | None = None
     for bound, idx in bounds:
-        if best is not None and bound > best[0][0] * (1 + BOUND_SLACK):
+        if bound > min(beat_s, best[0][0] if best is not None else math.inf) * (1 + BOUND_SLACK):
             break  # sorted: no later candidate can win either
         candidate = candidates[idx]
         result = simulate(candidate, costs, cluster, schedule=candidate.schedule)
@@ -102,5 +166,7 @@ def _best_simulated(candidates: Sequence[Plan], costs: CostTable, cluster: Clust
         if best is None or key < best[0]:
             best = (key, candidate, result)
     if best is None:
-        raise PlanningError("no candidate plan to rank")
+        if math.isinf(beat_s):
+            raise PlanningError("no candidate plan to rank")
+        return None
     return best[0][0], best[1], best[2]

@@ -64,6 +64,7 @@ def render_summary(summary: GraphSummary, flops: float | None) -> str:
                  f"(op outputs, views included); inputs {format_bytes(summary.input_bytes_per_sample)}")
     lines.append(render_branches(summary))
     lines.append(render_block(summary))
+    lines.append(render_granularity(summary))
     lines.append("ops by type:")
     width = max((len(name) for name, _ in summary.ops_by_type), default=0)
     lines.extend(f"  {name:<{width}}  {count:>6}" for name, count in summary.ops_by_type)
@@ -82,6 +83,15 @@ def render_block(summary: GraphSummary) -> str:
     if share > 0.5:
         text += " (a shared weight, a value that cannot be sent, or a non-SP region ties them)"
     return text
+
+
+def render_granularity(summary: GraphSummary) -> str:
+    """How many units the planner cuts between at op and at layer granularity (`--granularity` of plan)."""
+    text = f"granularity:  op {summary.num_op_units} units, layer {summary.num_layer_units} units"
+    if not summary.layer_blocks:
+        return text + " (no repeated module to keep whole)"
+    blocks = ", ".join(f"{count} x {name.rpartition('.')[2]}" for name, count in summary.layer_blocks)
+    return f"{text} ({blocks} kept whole)"
 
 
 def render_branches(summary: GraphSummary) -> str:

@@ -65,6 +65,14 @@ def add_model_args(parser: argparse.ArgumentParser, *, default_model: str | None
                              "Hugging Face transformers), or auto (fx, then export if fx fails; default)")
 
 
+def add_granularity_arg(parser: argparse.ArgumentParser) -> None:
+    """--granularity op|layer|auto: what the planner cuts between (`graphpipe.planner.granularity`)."""
+    parser.add_argument("--granularity", choices=("op", "layer", "auto"), default="op",
+                        help="what the planner cuts between: single ops (default), whole layers (each instance "
+                             "of the innermost repeated module: much faster on deep models), or auto (whole "
+                             "layers, then the layers at the stage boundaries opened to ops, the better kept)")
+
+
 def model_options(args: argparse.Namespace) -> dict[str, Any]:
     """The --set KEY=VALUE pairs, values parsed as JSON where they parse (8, 0.5, true) and text otherwise."""
     options: dict[str, Any] = {}

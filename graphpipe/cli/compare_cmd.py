@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, fields
 from typing import Any
 
-from graphpipe.cli.common import format_bytes, print_json
+from graphpipe.cli.common import add_granularity_arg, format_bytes, print_json
 from graphpipe.cli.simulate_cmd import format_table
 from graphpipe.errors import GraphPipeError
 
@@ -61,6 +61,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--planners", default=",".join(DEFAULT_PLANNERS),
                         help=f"planners, comma separated (default {','.join(DEFAULT_PLANNERS)})")
     parser.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe", "kfkb"))
+    add_granularity_arg(parser)
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.set_defaults(func=run)
 
@@ -97,19 +98,21 @@ def compare_model(model: str, args: argparse.Namespace, devices: list[int], batc
         cluster = Cluster.preset(args.cluster, num_devices)
         costs = costs if costs is not None and costs.device == cluster.device.name else \
             analytic_costs(graph, cluster.device)
-        group = [_one(model, planner, graph, costs, cluster, batch, args.schedule) for planner in planners]
+        group = [_one(model, planner, graph, costs, cluster, batch, args.schedule, args.granularity)
+                 for planner in planners]
         rows += _with_speedups(group)
     return rows
 
 
-def _one(model: str, planner: str, graph: Any, costs: Any, cluster: Any, batch: int, schedule: str) -> Row:
+def _one(model: str, planner: str, graph: Any, costs: Any, cluster: Any, batch: int, schedule: str,
+         granularity: str = "op") -> Row:
     from graphpipe.planning import plan as make_plan
     from graphpipe.simulation.simulator import simulate
 
     base = {"model": model, "num_devices": cluster.num_devices, "global_batch_size": batch, "planner": planner}
     start = time.perf_counter()
     try:
-        planned = make_plan(graph, costs, cluster, batch, planner=planner)
+        planned = make_plan(graph, costs, cluster, batch, planner=planner, granularity=granularity)
         result = simulate(planned, costs, cluster, schedule=schedule)
     except GraphPipeError as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__

@@ -6,7 +6,15 @@ import argparse
 import dataclasses
 from typing import Any
 
-from graphpipe.cli.common import add_model_args, capture_from_args, format_bytes, memory_gib, positive_int, print_json
+from graphpipe.cli.common import (
+    add_granularity_arg,
+    add_model_args,
+    capture_from_args,
+    format_bytes,
+    memory_gib,
+    positive_int,
+    print_json,
+)
 from graphpipe.planner.api import PLANNER_NAMES
 from graphpipe.planner.stage_graph import Plan
 
@@ -35,6 +43,7 @@ def add_parser(subparsers: Any) -> None:
                         help="activation precision the analytic costs count (bf16: training under autocast)")
     parser.add_argument("--use-all-devices", action="store_true",
                         help="keep only plans that use every device (default: a plan may leave some idle)")
+    add_granularity_arg(parser)
     parser.add_argument("-o", "--output", default=None, metavar="PLAN.json", help="write the plan here")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.set_defaults(func=run)
@@ -57,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     limit = args.memory_limit_gib * 2**30 if args.memory_limit_gib is not None else None
     global_batch = args.global_batch or args.batch or 128
     result = plan(graph, costs, cluster, global_batch, planner=args.planner, micro_batch_sizes=sizes,
-                  memory_limit=limit, rank_by=args.rank_by, use_all_devices=args.use_all_devices)
+                  memory_limit=limit, rank_by=args.rank_by, use_all_devices=args.use_all_devices,
+                  granularity=args.granularity)
     result = dataclasses.replace(result, model_spec=model_spec_from_args(args, args.device))
     if args.output:
         result.save(args.output)
@@ -94,7 +104,8 @@ def render_plan(plan: Plan) -> str:
     lines.append(f"{plan.planner}: {plan.num_stages} stages, depth {plan.depth}, {plan.world_size} of "
                  f"{plan.num_devices} devices, mini-batch {plan.global_batch_size}; predicted "
                  f"{plan.predicted_samples_per_s:,.1f} samples/s (bound {plan.lower_bound_samples_per_s:,.1f}); "
-                 f"search {plan.search_time_s:.2f} s")
+                 + (f"{plan.granularity} granularity; " if plan.granularity != "op" else "")
+                 + f"search {plan.search_time_s:.2f} s")
     return "\n".join(lines)
 
 

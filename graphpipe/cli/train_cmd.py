@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from graphpipe.cli.common import format_bytes, positive_int, print_json
+from graphpipe.cli.common import add_granularity_arg, format_bytes, positive_int, print_json
 from graphpipe.errors import TrainingError, UsageError
 from graphpipe.planner.stage_graph import Plan
 
@@ -40,6 +40,7 @@ def add_parser(subparsers: Any) -> None:
                         help="when planning, keep only plans that use all --nproc devices (default: a plan may "
                              "leave some ranks idle)")
     parser.add_argument("--planner", default="graphpipe", help="planner when planning (default graphpipe)")
+    add_granularity_arg(parser)
     parser.add_argument("--json", action="store_true", help="print the per-step metrics as JSON")
     parser.set_defaults(func=run)
 
@@ -151,7 +152,8 @@ def _plan_now(args: argparse.Namespace, path: Path) -> str:
     batch = args.batch or zoo.batch_size
     cluster = Cluster.preset("local-cpu", args.nproc)
     costs = analytic_costs(with_activation_dtype(graph, ACTIVATION_DTYPES[args.dtype]), cluster.device)
-    planned = make_plan(graph, costs, cluster, batch, planner=args.planner, use_all_devices=args.use_all_devices)
+    planned = make_plan(graph, costs, cluster, batch, planner=args.planner, use_all_devices=args.use_all_devices,
+                        granularity=args.granularity)
     spec = {"model": args.model, "preset": args.preset, "batch": args.batch, "options": model_options(args),
             "leaf_modules": list(args.leaf_modules), "device": cluster.device.name, "capture": graph.capture}
     planned = dataclasses.replace(planned, model_spec=spec)

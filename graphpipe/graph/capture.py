@@ -16,7 +16,7 @@ memory are captured without allocating their weights.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,7 +176,9 @@ def _op_graph(gm: torch.fx.GraphModule, model: nn.Module, given: ModelInputs, fl
     else:
         values = record_values(gm, model, tuple(flat_inputs), batch_size)
     params = assign_params(gm, model)
-    ops = tuple(_op_node(node, gm, values, params.get(node.name, ())) for node in gm.graph.nodes)
+    modules = {path for path, _ in model.named_modules(remove_duplicate=False) if path}
+    ops = tuple(_op_node(node, gm, values, params.get(node.name, ()), module_stack(node, modules))
+                for node in gm.graph.nodes)
     return OpGraph(name=name, ops=mark_replicated(ops), example_batch_size=batch_size, capture=method)
 
 
@@ -215,7 +217,23 @@ def _bind_fx(gm: torch.fx.GraphModule, signature: inspect.Signature | None, give
     return out
 
 
-def _op_node(node: torch.fx.Node, gm: torch.fx.GraphModule, values: NodeValues, params: tuple[ParamRef, ...]) -> OpNode:
+def module_stack(node: torch.fx.Node, modules: Collection[str]) -> tuple[tuple[str, str], ...]:
+    """(qualified name, class) of the modules whose forward `node` ran in, outermost first, from the
+    `nn_module_stack` that fx's tracer and torch.export both record. Entries that name no submodule of
+    the model (export's root `''` and its placeholder entries for nodes it made itself) are left out, and a
+    module called again (fx keys it `name@1`) appears once."""
+    stack: list[tuple[str, str]] = []
+    for value in (node.meta.get("nn_module_stack") or {}).values():
+        path, cls = (value[0], value[1]) if isinstance(value, tuple) and len(value) >= 2 else ("", "")
+        if not isinstance(path, str) or path not in modules or (stack and stack[-1][0] == path):
+            continue
+        name = f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else str(cls)
+        stack.append((path, name))
+    return tuple(stack)
+
+
+def _op_node(node: torch.fx.Node, gm: torch.fx.GraphModule, values: NodeValues, params: tuple[ParamRef, ...],
+             stack: tuple[tuple[str, str], ...] = ()) -> OpNode:
     kind = str(node.op)
     module_path = str(node.target) if kind == "call_module" else None
     if module_path is not None:
@@ -230,7 +248,7 @@ def _op_node(node: torch.fx.Node, gm: torch.fx.GraphModule, values: NodeValues, 
     return OpNode(
         name=node.name, kind=kind, target=_target_str(node), module_path=module_path, module_type=module_type,
         inputs=tuple(src.name for src in node.all_input_nodes), outputs=values.metas.get(node.name, ()),
-        params=params, attrs=attrs, is_tensor=values.is_tensor.get(node.name, True))
+        params=params, attrs=attrs, is_tensor=values.is_tensor.get(node.name, True), module_stack=stack)
 
 
 def _callable_name(node: torch.fx.Node) -> str:

@@ -49,7 +49,11 @@ class OpNode:
     (e.g. {"in_features": 64}), JSON-serialisable values only. `is_tensor` says the value is
     one tensor (not a tuple, a size or a Python number); a `replicated` op is computed by every
     stage that reads it and never sent (model inputs, parameter reads, shape arithmetic, masks
-    and position ids: see `graphpipe.graph.replication`).
+    and position ids: see `graphpipe.graph.replication`). `module_stack` names the modules whose
+    forward the op ran in, outermost first, each as (qualified name, class as "module.QualName"),
+    the root model left out; empty for model inputs, parameter reads, ops of the root's own forward
+    and graphs saved before the field existed. It is what layer granularity groups ops by
+    (`graphpipe.graph.layers`).
     """
 
     name: str
@@ -63,6 +67,7 @@ class OpNode:
     attrs: Mapping[str, Any] = field(default_factory=dict)
     is_tensor: bool = True
     replicated: bool = False
+    module_stack: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in OP_KINDS:
@@ -90,6 +95,7 @@ class OpNode:
             "params": [param.to_dict() for param in self.params],
             "module_path": self.module_path, "module_type": self.module_type, "attrs": dict(self.attrs),
             "is_tensor": self.is_tensor, "replicated": self.replicated,
+            "module_stack": [list(scope) for scope in self.module_stack],
         }
 
     @classmethod
@@ -101,6 +107,7 @@ class OpNode:
             module_path=data.get("module_path"), module_type=data.get("module_type", ""),
             attrs=dict(data.get("attrs", {})), is_tensor=data.get("is_tensor", len(data["outputs"]) == 1),
             replicated=data.get("replicated", False),
+            module_stack=tuple((str(path), str(cls)) for path, cls in data.get("module_stack", ())),
         )
 
     def __str__(self) -> str:

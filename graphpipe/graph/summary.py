@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphpipe.graph.branches import BranchRegion, find_branches, largest_block
+from graphpipe.graph.layers import layer_blocks
 from graphpipe.graph.op_graph import OpGraph
-from graphpipe.graph.sp import sp_decompose
+from graphpipe.graph.sp import sp_decompose, stage_units
 
 COMPUTE_KINDS = ("call_module", "call_function", "call_method")
 
@@ -34,6 +35,11 @@ class GraphSummary:
     branches: tuple[BranchRegion, ...]
     num_compute_ops: int = 0  # ops that are not replicated (inputs, parameter reads, sizes, masks)
     largest_block_ops: int = 0  # computing ops that must share one stage (see graph/branches.py)
+    # What the planners cut between at each granularity (graph/layers.py): op-level units (ops with the
+    # replicated ones riding along and colocation groups joined), and those with each layer block joined.
+    num_op_units: int = 0
+    num_layer_units: int = 0
+    layer_blocks: tuple[tuple[str, int], ...] = ()  # (module class, number of blocks of it)
 
     @property
     def max_branches(self) -> int:
@@ -47,12 +53,16 @@ class GraphSummary:
             "act_bytes_per_sample": self.act_bytes_per_sample, "max_branches": self.max_branches,
             "branches": [region.to_dict() for region in self.branches],
             "num_compute_ops": self.num_compute_ops, "largest_block_ops": self.largest_block_ops,
+            "units": {"op": self.num_op_units, "layer": self.num_layer_units},
+            "layer_blocks": dict(self.layer_blocks),
         }
 
 
 def summarize(graph: OpGraph) -> GraphSummary:
     batch = graph.example_batch_size
-    tree = sp_decompose(graph)
+    units = stage_units(graph)
+    tree = sp_decompose(graph, units)
+    blocks = layer_blocks(graph, units, tree)
     params = [param for op in graph.ops for param in op.params]
     counts = Counter(op.module_type or op.kind for op in graph.ops)
     return GraphSummary(
@@ -64,5 +74,7 @@ def summarize(graph: OpGraph) -> GraphSummary:
         input_bytes_per_sample=sum(graph.op(name).output_bytes for name in graph.inputs) / batch,
         act_bytes_per_sample=sum(op.output_bytes for op in graph.ops if op.kind in COMPUTE_KINDS) / batch,
         branches=find_branches(graph, tree), num_compute_ops=len(graph.ops) - len(graph.replicated),
-        largest_block_ops=len(largest_block(graph, tree)),
+        largest_block_ops=len(largest_block(graph, tree)), num_op_units=len(units.keys),
+        num_layer_units=len(units.keys) - sum(len(block.keys) - 1 for block in blocks),
+        layer_blocks=tuple(Counter(block.module_type for block in blocks).most_common()),
     )

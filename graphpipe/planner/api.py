@@ -7,9 +7,10 @@ infeasible requests with numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from graphpipe.cost.cluster import Cluster
 from graphpipe.cost.cost_table import CostTable
@@ -21,6 +22,7 @@ from graphpipe.planner.baselines.pipedream import plan_pipedream
 from graphpipe.planner.baselines.piper import plan_piper
 from graphpipe.planner.baselines.sequential import plan_sequential
 from graphpipe.planner.build import build_plan
+from graphpipe.planner.granularity import boundary_blocks, check_granularity, refine_limit
 from graphpipe.planner.graphpipe_planner import plan_graphpipe
 from graphpipe.planner.memory import static_memory_bytes
 from graphpipe.planner.request import PlanRequest
@@ -51,8 +53,10 @@ def default_micro_batch_sizes(global_batch_size: int) -> tuple[int, ...]:
 def make_request(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int, *,
                  micro_batch_sizes: Sequence[int] | None = None, per_stage_micro_batch: bool = False,
                  memory_limit: float | None = None, options: dict[str, float] | None = None,
-                 every_size: bool = False) -> PlanRequest:
+                 every_size: bool = False, granularity: str = "op",
+                 open_blocks: Collection[str] = ()) -> PlanRequest:
     """Check the request and fill in defaults."""
+    check_granularity(granularity)
     if global_batch_size < 1:
         raise PlanningError(f"the mini-batch must hold at least 1 sample, got {global_batch_size}")
     if cluster.num_devices > len(graph):
@@ -69,38 +73,66 @@ def make_request(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batc
     limit = float(memory_limit) if memory_limit is not None else float(cluster.device.memory_bytes)
     return PlanRequest(graph=graph, costs=costs, cluster=cluster, global_batch_size=global_batch_size,
                        micro_batch_sizes=sizes, memory_limit=limit, per_stage_micro_batch=per_stage_micro_batch,
-                       every_size=every_size, options=dict(options or {}))
+                       every_size=every_size, options=dict(options or {}), granularity=granularity,
+                       open_blocks=frozenset(open_blocks))
 
 
 def plan_candidates(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int, *,
                     planner: str = "graphpipe", micro_batch_sizes: Sequence[int] | None = None,
                     per_stage_micro_batch: bool = False, memory_limit: float | None = None,
-                    options: dict[str, float] | None = None, every_size: bool = False) -> tuple[Plan, ...]:
+                    options: dict[str, float] | None = None, every_size: bool = False, granularity: str = "op",
+                    open_blocks: Collection[str] = ()) -> tuple[Plan, ...]:
     """The best plan per micro-batch size (best predicted TPS first), each validated. The sizes that cannot
     hold the best TPS are searched to 5% of their own best, unless `every_size` asks for full precision and
-    a shallower alternative per size (for `gp.plan`'s ranking by simulation)."""
+    a shallower alternative per size (for `gp.plan`'s ranking by simulation).
+
+    `granularity` (`graphpipe.planner.granularity`): what the planners cut between; the layer blocks in
+    `open_blocks` stay at op level. "auto" returns the layer-level candidates together with those of a
+    second search with the blocks at the stage boundaries of the best-TPS one opened (`gp.plan` opens
+    those of the plan its own ranking picks instead)."""
     start = time.perf_counter()
     request = make_request(graph, costs, cluster, global_batch_size, micro_batch_sizes=micro_batch_sizes,
                            per_stage_micro_batch=per_stage_micro_batch, memory_limit=memory_limit, options=options,
-                           every_size=every_size)
+                           every_size=every_size, granularity=granularity, open_blocks=open_blocks)
     if planner not in PLANNERS:
         raise PlanningError(f"unknown planner {planner!r}; choose one of {', '.join(PLANNER_NAMES)}")
+    if granularity != "auto" or open_blocks:
+        plans = _candidates(request, planner)
+    else:
+        plans = _auto_candidates(request, planner)
+    elapsed = time.perf_counter() - start
+    return tuple(dataclasses.replace(plan, search_time_s=elapsed, granularity=granularity)
+                 for plan in sorted(plans, key=lambda p: p.predicted_tps_ms))
+
+
+def _auto_candidates(request: PlanRequest, planner: str) -> tuple[Plan, ...]:
+    """Layer-level plans plus those with the blocks around the best one's stage boundaries opened (at most
+    `refine_limit` of them: `graphpipe.planner.granularity`). A layer
+    level with no plan (a layer too large for a device) falls back to op level; a refinement with none
+    (Piper out of downsets) leaves the layer-level plans."""
+    try:
+        plans = _candidates(request, planner)
+    except PlanningError:
+        return _candidates(dataclasses.replace(request, granularity="op"), planner)
+    opened = boundary_blocks(request.graph, plans[0], request.blocks, refine_limit(len(request.blocks)))
+    if not opened:
+        return plans
+    try:
+        return plans + _candidates(dataclasses.replace(request, open_blocks=opened), planner)
+    except PlanningError:
+        return plans
+
+
+def _candidates(request: PlanRequest, planner: str) -> tuple[Plan, ...]:
+    """The planner's plans for `request`, validated, best predicted TPS first."""
     partitions = PLANNERS[planner](request)
     if not partitions:
         raise PlanningError(_infeasible_message(request))
-    plans = [build_plan(request.model, partition, planner) for partition in partitions]
-    elapsed = time.perf_counter() - start
-    out = []
-    for plan in sorted(plans, key=lambda p: p.predicted_tps_ms):
-        validate_plan(plan, graph, cluster, memory_limit=request.memory_limit)
-        out.append(_with_search_time(plan, elapsed))
-    return tuple(out)
-
-
-def _with_search_time(plan: Plan, seconds: float) -> Plan:
-    import dataclasses
-
-    return dataclasses.replace(plan, search_time_s=seconds)
+    plans = sorted((build_plan(request.model, partition, planner) for partition in partitions),
+                   key=lambda p: p.predicted_tps_ms)
+    for plan in plans:
+        validate_plan(plan, request.graph, request.cluster, memory_limit=request.memory_limit)
+    return tuple(plans)
 
 
 def _infeasible_message(request: PlanRequest) -> str:

@@ -1,20 +1,22 @@
-"""The GraphPipe planner: the SP partitioner per micro-batch size (PAPER.md §4).
+"""The GraphPipe planner: the SP partitioner per micro-batch size (docs/method.md §4).
 
 A chain is a special case of a stage DAG, and some chains are not SP-aligned (a stage that
 ends inside one branch and starts the next); so the search also runs the same DP on the
 graph linearised in topological order. For a ranking by TPS it runs with the best graph
 pipeline's TPS as a ceiling: it costs at most one probe per micro-batch size (none where the
 size's lower bound is already above the ceiling) unless a chain is better, and then that
-chain is kept as a candidate too. For a ranking by simulation (`every_size`) every chain
+chain is kept as a candidate too. When no graph pipeline fits in memory, a chain still may
+(a block of more than 4 branches opens only with a device per group): it is searched
+without a ceiling. For a ranking by simulation (`every_size`) every chain
 candidate of the sequential planner is kept, so graphpipe's candidates include
 `sequential`'s and the simulated winner is never slower than it.
 """
 
 from __future__ import annotations
 
-from graphpipe.planner.partitioner import partition_sp
 from graphpipe.planner.per_stage import refine_micro_batches
 from graphpipe.planner.request import PlanRequest
+from graphpipe.planner.sp_dp import partition_sp
 from graphpipe.planner.stage_spec import Partition
 
 
@@ -22,14 +24,13 @@ def plan_graphpipe(request: PlanRequest) -> list[Partition]:
     model, sizes, limit = request.model, request.micro_batch_sizes, request.memory_limit
     found = partition_sp(model, request.sp_tree, request.num_devices, sizes, limit, every_size=request.every_size)
     partitions = [Partition(stages=tuple(stages)) for plans in found.values() for stages in plans]
-    if partitions:
-        best = min(max(model.stage_cost(s.ops, s.num_devices, s.micro_batch_size).tps_ms for s in plans[0])
-                   for plans in found.values())
-        ceiling = None if request.every_size else best * (1 - 1e-9)
-        chains = partition_sp(model, request.chain_tree, request.num_devices, sizes, limit, ceiling_ms=ceiling,
-                              every_size=request.every_size)
-        partitions += [Partition(stages=tuple(stages), sequential=True)
-                       for plans in chains.values() for stages in plans]
+    best = min((max(model.stage_cost(s.ops, s.num_devices, s.micro_batch_size).tps_ms for s in plans[0])
+                for plans in found.values() if plans), default=None)
+    # no graph pipeline fits (memory): a chain may still, so it is searched without a ceiling
+    ceiling = None if request.every_size or best is None else best * (1 - 1e-9)
+    chains = partition_sp(model, request.chain_tree, request.num_devices, sizes, limit, ceiling_ms=ceiling,
+                          every_size=request.every_size)
+    partitions += [Partition(stages=tuple(stages), sequential=True) for plans in chains.values() for stages in plans]
     if request.per_stage_micro_batch:
         partitions += [refine_micro_batches(model, p, sizes, limit) for p in partitions]
     return partitions

@@ -1,4 +1,12 @@
-"""What every planner is asked: the graph, its costs, the cluster, the batch and the options."""
+"""What every planner is asked: the graph, its costs, the cluster, the batch and the options.
+
+`granularity` says what the planners cut between: "op" (the op-level units of
+`graphpipe.graph.sp.stage_units`) or "layer" (those with every layer block contracted into one:
+`graphpipe.graph.layers`), less the blocks in `open_blocks`, which stay at op level. "auto" plans
+at layer level here; `plan_candidates` and `gp.plan` then re-plan with the blocks at the stage
+boundaries opened (`graphpipe.planner.granularity`). Every planner reads the units, the SP tree or
+the chain through this request, so the granularity applies to all of them alike.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +15,7 @@ from functools import cached_property
 
 from graphpipe.cost.cluster import Cluster
 from graphpipe.cost.cost_table import CostTable
+from graphpipe.graph.layers import LayerBlock, coarsen_units, layer_blocks
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.graph.sp import SPChain, SPLeaf, StageUnits, sp_decompose, stage_units
 from graphpipe.planner.stage_cost import CostModel
@@ -23,6 +32,8 @@ class PlanRequest:
     per_stage_micro_batch: bool = False
     every_size: bool = False  # every size to full precision, with a shallower alternative (see partition_sp)
     options: dict[str, float] = field(default_factory=dict)  # planner-specific limits (time, downsets)
+    granularity: str = "op"  # "op" | "layer" | "auto" (layer units here; see the module docstring)
+    open_blocks: frozenset[str] = frozenset()  # paths of layer blocks kept at op level
 
     @property
     def num_devices(self) -> int:
@@ -33,9 +44,22 @@ class PlanRequest:
         return CostModel(self.graph, self.costs, self.cluster, self.global_batch_size)
 
     @cached_property
-    def units(self) -> StageUnits:
-        """What every planner cuts between (`graphpipe.graph.sp.stage_units`), computed once per request."""
+    def op_units(self) -> StageUnits:
+        """The op-level units (`graphpipe.graph.sp.stage_units`), computed once per request."""
         return stage_units(self.graph)
+
+    @cached_property
+    def blocks(self) -> tuple[LayerBlock, ...]:
+        """The layer blocks the planners keep whole: none at op granularity, else every valid block
+        (`graphpipe.graph.layers.layer_blocks`) but the opened ones."""
+        if self.granularity == "op":
+            return ()
+        return tuple(block for block in layer_blocks(self.graph, self.op_units) if block.path not in self.open_blocks)
+
+    @cached_property
+    def units(self) -> StageUnits:
+        """What every planner cuts between: the op-level units with the layer blocks contracted."""
+        return coarsen_units(self.graph, self.op_units, self.blocks)
 
     @cached_property
     def sp_tree(self) -> SPChain:

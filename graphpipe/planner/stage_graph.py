@@ -112,6 +112,7 @@ class Plan(JsonFile):
     # Trainable parameters read by several stages (each holds a copy; one all-reduce over the plan's
     # ranks sums their gradients): name -> {"bytes", "owner" (the stage the costs count it in), "stages"}.
     shared_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    granularity: str = "op"  # what the planner cut between: "op", "layer" or "auto" (graphpipe.planner.granularity)
 
     def __post_init__(self) -> None:
         for pos, stage in enumerate(self.stages):
@@ -205,6 +206,7 @@ class Plan(JsonFile):
             "cluster": dict(self.cluster), "notes": list(self.notes), "model_spec": dict(self.model_spec),
             "capture": self.capture, "replicated": list(self.replicated),
             "input_batch_axes": dict(self.input_batch_axes), "shared_params": dict(self.shared_params),
+            "granularity": self.granularity,
         }
 
     @classmethod
@@ -223,7 +225,7 @@ class Plan(JsonFile):
             notes=tuple(data.get("notes", ())), model_spec=dict(data.get("model_spec", {})),
             capture=data.get("capture", "fx"), replicated=tuple(data.get("replicated", ())),
             input_batch_axes=dict(data.get("input_batch_axes", {})),
-            shared_params=dict(data.get("shared_params", {})),
+            shared_params=dict(data.get("shared_params", {})), granularity=data.get("granularity", "op"),
         )
 
     def __str__(self) -> str:

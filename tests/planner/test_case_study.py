@@ -2,7 +2,7 @@
 
 Two branches of 4 [attention + 2 linear] layers, a concat and a head. The paper's graph
 pipeline ends in a merge stage M that takes the tails of both branches plus the concat and
-the head (`graphpipe.planner.fork_join`), so both sources are 4 stages from the sink and hold
+the head (`graphpipe.planner.sp_dp.fork_join`), so both sources are 4 stages from the sink and hold
 4 micro-batches where a chain of 8 stages holds 8. Three memory limits show the three regimes:
 
 - 0.38 GiB: the sequential pipeline is 8 deep with micro-batch 1 (one layer per device).
@@ -30,7 +30,7 @@ from graphpipe.graph.sp import SPChain, SPParallel
 from graphpipe.models import load_model
 from graphpipe.planner.api import make_request
 from graphpipe.planner.build import build_plan
-from graphpipe.planner.partitioner import TOLERANCE
+from graphpipe.planner.sp_dp import TOLERANCE
 from graphpipe.planner.stage_spec import Partition, StageSpec
 from graphpipe.planning import plan
 

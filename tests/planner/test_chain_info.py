@@ -9,8 +9,8 @@ from graphpipe.cost.cost_table import CostTable
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.graph.sp import SPChain, iter_chains
 from graphpipe.planner.api import make_request
-from graphpipe.planner.chain_info import ChainInfo, boundary_rectangles
-from graphpipe.planner.fork_join import fork_join_items
+from graphpipe.planner.sp_dp.blocks import fork_join_items
+from graphpipe.planner.sp_dp.tables import ChainInfo, boundary_rectangles
 from graphpipe.planner.stage_cost import CostModel
 from tests.planner.factories import make_cluster, make_costs, make_graph
 from tests.planner.sp_graphs import sp_graphs

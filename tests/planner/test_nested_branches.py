@@ -23,8 +23,7 @@ from graphpipe.graph.op_graph import OpGraph
 from graphpipe.planner.api import make_request, plan_candidates
 from graphpipe.planner.baselines.exhaustive import plan_exhaustive
 from graphpipe.planner.build import build_plan
-from graphpipe.planner.partitioner import TOLERANCE, Search, build_tables, partition_sp
-from graphpipe.planner.probe import Probe
+from graphpipe.planner.sp_dp import TOLERANCE, Probe, Search, build_tables, partition_sp
 from graphpipe.planner.stage_cost import CostModel
 from graphpipe.planner.stage_spec import Partition, StageSpec
 from graphpipe.planner.validate import validate_plan

@@ -11,7 +11,7 @@ from graphpipe.cost.cost_table import CostTable
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.planner.api import make_request, plan_candidates
 from graphpipe.planner.baselines.exhaustive import plan_exhaustive
-from graphpipe.planner.partitioner import TOLERANCE, divisors_up_to, partition_sp
+from graphpipe.planner.sp_dp import TOLERANCE, divisors_up_to, partition_sp
 from graphpipe.planner.stage_graph import Plan
 from graphpipe.planner.stage_spec import StageSpec
 from graphpipe.planner.validate import validate_plan

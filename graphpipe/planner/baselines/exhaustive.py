@@ -5,7 +5,7 @@ as devices; blocks must be convex and the stage graph acyclic; each stage gets d
 with d dividing b and the total at most the cluster. A candidate is feasible when every
 stage's memory (with in-flight counts from docs/method.md §3 on its stage graph) fits; the best
 minimises the bottleneck TPS, then the source's in-flight samples. `sp_aligned=True` keeps
-only the partitions the GraphPipe DP can produce (see `graphpipe.planner.partitioner`).
+only the partitions the GraphPipe DP can produce (see `graphpipe.planner.sp_dp`).
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from collections.abc import Iterator, Sequence
 
 from graphpipe.errors import PlanningError
 from graphpipe.graph.sp import SPChain, iter_chains
-from graphpipe.planner.fork_join import MERGE_BRANCHES, fork_join_items
 from graphpipe.planner.in_flight import in_flight_samples
 from graphpipe.planner.memory import stage_memory_bytes
-from graphpipe.planner.partitioner import MAX_ENUMERATED_BRANCHES, divisors_up_to
 from graphpipe.planner.request import PlanRequest
+from graphpipe.planner.sp_dp import MAX_ENUMERATED_BRANCHES, MERGE_BRANCHES, divisors_up_to, fork_join_items
 from graphpipe.planner.stage_cost import StageCost
 from graphpipe.planner.stage_spec import Partition, StageSpec
 
@@ -55,7 +54,7 @@ def _runs(items: Sequence[tuple[str, ...]]) -> Iterator[frozenset[str]]:
 def aligned_sets(tree: SPChain) -> set[frozenset[str]]:
     """Op sets the GraphPipe DP can make a stage: runs of a chain's items, unions of whole branches,
     the same inside the extended chains of fork and join absorption, and merge stages of two-branch
-    blocks (`graphpipe.planner.fork_join`)."""
+    blocks (`graphpipe.planner.sp_dp.fork_join`)."""
     found: set[frozenset[str]] = set()
     todo = [(chain, False) for chain in iter_chains(tree)]
     while todo:
@@ -83,14 +82,16 @@ def aligned_sets(tree: SPChain) -> set[frozenset[str]]:
 
 
 def plan_exhaustive(request: PlanRequest, sp_aligned: bool = False) -> list[Partition]:
-    graph = request.graph
-    if len(graph) > MAX_OPS:
+    members = _items(request)
+    if len(members) > MAX_OPS:
         raise PlanningError(f"the exhaustive planner enumerates every partition and takes graphs of at most "
-                            f"{MAX_OPS} ops; this one has {len(graph)}: use planner 'graphpipe'")
+                            f"{MAX_OPS} ops (layer blocks count as one); this one has {len(members)}: use planner "
+                            "'graphpipe'")
     allowed = aligned_sets(request.sp_tree) if sp_aligned else None
     best: dict[int, tuple[float, int, Partition]] = {}
     cache: _Cache = {}
-    for blocks in set_partitions(graph.names, request.num_devices):
+    for labels in set_partitions(list(members), request.num_devices):
+        blocks = [[op for label in block for op in members[label]] for block in labels]
         if allowed is not None and any(frozenset(block) not in allowed for block in blocks):
             continue
         successors = _stage_dag(request, blocks)
@@ -101,6 +102,18 @@ def plan_exhaustive(request: PlanRequest, sp_aligned: bool = False) -> list[Part
             if found and (size not in best or found[:2] < best[size][:2]):
                 best[size] = found
     return [entry[2] for _, entry in sorted(best.items())]
+
+
+def _items(request: PlanRequest) -> dict[str, tuple[str, ...]]:
+    """What the partitions are made of, by a label: every op alone at op granularity (replicated ops too,
+    so the oracle's space is the whole op graph's), and at layer granularity each layer block's ops
+    together (`PlanRequest.blocks`), the other ops alone."""
+    in_block = {op: block.ops for block in request.blocks for op in block.ops}
+    items: dict[str, tuple[str, ...]] = {}
+    for op in request.graph.names:
+        group = in_block.get(op, (op,))
+        items.setdefault(group[0], group)
+    return items
 
 
 def _stage_dag(request: PlanRequest, blocks: list[list[str]]) -> dict[int, tuple[int, ...]] | None:

@@ -19,8 +19,8 @@ import numpy as np
 
 from graphpipe.errors import PlanningError
 from graphpipe.planner.baselines.chain_dp import empty, in_flight_cap, relax
-from graphpipe.planner.partitioner import divisors_up_to
 from graphpipe.planner.request import PlanRequest
+from graphpipe.planner.sp_dp import divisors_up_to
 from graphpipe.planner.stage_spec import Partition, StageSpec
 
 DEFAULT_MAX_DOWNSETS = 2000

@@ -7,8 +7,8 @@ partitioner, which makes the comparison one of stage-graph shape alone.
 
 from __future__ import annotations
 
-from graphpipe.planner.partitioner import partition_sp
 from graphpipe.planner.request import PlanRequest
+from graphpipe.planner.sp_dp import partition_sp
 from graphpipe.planner.stage_spec import Partition
 
 

@@ -8,7 +8,7 @@ from graphpipe.errors import PlanningError
 from graphpipe.planner.api import make_request, plan_candidates
 from graphpipe.planner.baselines.exhaustive import set_partitions
 from graphpipe.planner.baselines.piper import enumerate_downsets
-from graphpipe.planner.partitioner import TOLERANCE
+from graphpipe.planner.sp_dp import TOLERANCE
 from tests.planner.factories import branches_graph, chain_graph, make_cluster, make_costs
 
 

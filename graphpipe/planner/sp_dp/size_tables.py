@@ -1,4 +1,4 @@
-"""Per micro-batch size tables of the partitioner's DP (`graphpipe.planner.partitioner`).
+"""Per micro-batch size tables of the DP: segment costs of every chain, offers, merged-group options.
 
 For one micro-batch size, every chain of the SP tree gets its segment table: compute per
 sample, TPS, most micro-batches in flight and whether the weights and one micro-batch fit,
@@ -6,21 +6,68 @@ for every segment [i, j) of the chain on every data-parallel degree d1 that divi
 micro-batch (degree x (L + 1) x (L + 1) numpy arrays; `SizeTables._segment_arrays`). A probe
 reads them as *offers*: the (segment, degree) pairs within its TPS target that fit and that no
 smaller degree of the same segment dominates, sorted by TPS per start
-(`SizeTables._build_offers`), and merged branch groups of parallel blocks as a few
+(`SizeTables.build_offers`), and merged branch groups of parallel blocks as a few
 (devices, TPS, most in flight) options (`SizeTables.group_options`). The arrays that no size
 changes are built once per chain (`ChainConstants`) and shared by all sizes.
+
+Per segment [i, j) on d1 devices, with b the micro-batch and B the mini-batch (`graphpipe.planner.stage_cost`):
+
+    TPS   = (compute + p2p) / b + all_reduce(d1) / B
+    k_max = floor((memory limit - 4 x weights) / activations of one micro-batch on one device)
+            (capped at the devices + 1, the most the DP asks for; -1 where the weights alone do not fit)
 """
 
 from __future__ import annotations
 
 import math
+import sys
+from dataclasses import dataclass
 
 import numpy as np
 
-from graphpipe.planner.chain_info import ChainInfo
 from graphpipe.planner.memory import OPTIMIZER_STATE_FACTOR, max_in_flight_micro_batches
-from graphpipe.planner.probe import ParInfo, SegmentOffers, divisors_up_to, dominance_cap
-from graphpipe.planner.stage_cost import CostModel, all_reduce_link, p2p_ms
+from graphpipe.planner.sp_dp.tables import ChainInfo, ParInfo
+from graphpipe.planner.stage_cost import CostModel, StageCost, all_reduce_link, p2p_ms
+
+
+def divisors_up_to(value: int, limit: int) -> tuple[int, ...]:
+    """Data-parallel degrees a stage with micro-batch `value` may use: divisors of it, at most `limit`."""
+    return tuple(d for d in range(1, min(value, limit) + 1) if value % d == 0)
+
+
+@dataclass(slots=True)
+class SegmentOffers:
+    """Segments of one chain with a degree each (parallel lists), each start's in
+    [offsets[start], offsets[start + 1]) ordered by TPS, for targets from `low` to `bound`: all with
+    TPS <= `bound`. From a target of `until` on, a smaller degree of the same segment makes every
+    offer of this one at fewer devices (`SizeTables._dominated_above`); offers dominated at `low` are
+    left out. What `Probe._segment_keys` derives from an offer's degree is stored instead of the degree:
+    `rooms` (devices left beside it) and `keys` (its part d1 * (unit + span) + stop of the cell key).
+
+    Cell keys. The probe picks, per cell, the offer with the fewest devices in all, then the smallest
+    degree, then the shortest segment: the order of the integer
+
+        key = (devices of the rest + d1) * unit + d1 * span + stop
+
+    (`span` > any stop, `unit` > any d1 * span + stop), so one `<` compares all three and the winner is
+    read back with two `divmod`s (`need.write_segments`)."""
+    low: float
+    bound: float
+    tps: list[float]
+    rooms: list[int]
+    stops: list[int]
+    k_maxes: list[int]
+    until: list[float]
+    keys: list[int]
+    offsets: list[int]
+    span: int
+    unit: int
+
+
+def dominance_cap(target_ms: float) -> float:
+    """An offer is dominated at `target_ms` when its `until` is at most this (an infinite `until`
+    means never, even with no target at all)."""
+    return min(target_ms, sys.float_info.max)
 
 
 class ChainConstants:
@@ -59,8 +106,8 @@ class SizeTables:
     """The segment tables, offers and merged-group options of one micro-batch size (cached per chain)."""
 
     def __init__(self, model: CostModel, num_devices: int, micro_batch_size: int, memory_limit: float,
-                 infos: dict[int, ChainInfo], pars: dict[int, ParInfo],
                  constants: dict[int, ChainConstants] | None = None) -> None:
+        """`constants`: per chain index, shared by the tables of every size with the same model and limit."""
         self.model = model
         self.num_devices = num_devices
         self.micro_batch_size = micro_batch_size
@@ -69,13 +116,12 @@ class SizeTables:
         self.num_micro_batches = model.global_batch_size // micro_batch_size  # no stage holds more
         self.degrees = divisors_up_to(micro_batch_size, num_devices)
         self.max_v = num_devices + 1
-        self.infos = infos
-        self.pars = pars
         self.constants = {} if constants is None else constants  # shared by the sizes of one model and memory limit
         self._segments: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         self._rows: dict[tuple[int, int, int], tuple[list[float], list[float], list[int]]] = {}
         self._groups: dict[tuple[int, int], list[tuple[int, float, int]]] = {}
         self._totals: dict[tuple[int, int], list[tuple[float, float]]] = {}
+        self._merge_costs: dict[tuple[int, tuple[str, ...], int, int, int], StageCost] = {}
 
     def segment_rows(self, info: ChainInfo, start: int, d1: int,
                      target_ms: float) -> tuple[list[float], list[float], list[int]]:
@@ -83,7 +129,7 @@ class SizeTables:
         devices, by growing idx, while the weights and one micro-batch fit (so at least as far as the compute
         stays within `target_ms`). Compute never decreases along a row, so the segments within a target are
         the prefix `bisect_right(compute, target)`. Cut from `_table`'s arrays into plain lists once."""
-        key = (id(info), d1, start)
+        key = (info.index, d1, start)
         row = self._rows.get(key)
         if row is None:
             compute, tps, k_max, fits = self._table(info)
@@ -93,7 +139,7 @@ class SizeTables:
             row = self._rows[key] = (compute[cut].tolist(), tps[cut].tolist(), k_max[cut].tolist())
         return row
 
-    def _build_offers(self, info: ChainInfo, low: float, bound: float) -> SegmentOffers:
+    def build_offers(self, info: ChainInfo, low: float, bound: float) -> SegmentOffers:
         """Offers within `bound` (TPS >= compute, so the compute is within too) and not dominated at `low`.
 
         Read through flat indices (one `take` per array, no 3-D fancy indexing), ordered by TPS and then,
@@ -144,9 +190,9 @@ class SizeTables:
         return until
 
     def _table(self, info: ChainInfo) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        table = self._segments.get(id(info))
+        table = self._segments.get(info.index)
         if table is None:
-            table = self._segments[id(info)] = self._segment_arrays(info)
+            table = self._segments[info.index] = self._segment_arrays(info)
         return table
 
     def _segment_arrays(self, info: ChainInfo) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -155,9 +201,9 @@ class SizeTables:
         `fits[d, i, j]`: j > i and every [i, j') with i < j' <= j holds its weights and one micro-batch.
         Computed in place where it can: the arrays of a long chain are large."""
         b = self.micro_batch_size
-        fixed = self.constants.get(id(info))
+        fixed = self.constants.get(info.index)
         if fixed is None:
-            fixed = self.constants[id(info)] = ChainConstants(self, info)
+            fixed = self.constants[info.index] = ChainConstants(self, info)
         prefixes = [info.prefix_arrays(b / d1) for d1 in self.degrees]
         times = np.stack([times for times, _ in prefixes])[:, None, :]
         acts = np.stack([acts for _, acts in prefixes])[:, None, :]
@@ -203,7 +249,7 @@ class SizeTables:
 
     def group_options(self, pinfo: ParInfo, group: int) -> list[tuple[int, float, int]]:
         """(devices, TPS, most micro-batches in flight) of merged branches, fewest devices first; cached."""
-        key = (id(pinfo), group)
+        key = (pinfo.index, group)
         hit = self._groups.get(key)
         if hit is not None:
             return hit
@@ -222,7 +268,7 @@ class SizeTables:
     def _group_totals(self, pinfo: ParInfo, mask: int) -> list[tuple[float, float]]:
         """Per degree, (compute, activations) of the branches in `mask`: their prefix-sum totals added in branch
         order, the lower branches' sum first (so a group reuses the one without its top branch)."""
-        key = (id(pinfo), mask)
+        key = (pinfo.index, mask)
         hit = self._totals.get(key)
         if hit is None:
             top = 1 << (mask.bit_length() - 1)
@@ -235,3 +281,12 @@ class SizeTables:
                 hit = [(c + c_top, a + a_top) for (c, a), (c_top, a_top) in zip(lower, mine)]
             self._totals[key] = hit
         return hit
+
+    def merge_cost(self, pinfo: ParInfo, join_ops: tuple[str, ...], s0: int, s1: int, d1: int) -> StageCost:
+        """Cost of a merge stage (`ParInfo.merge_ops`) on d1 devices, cached."""
+        key = (pinfo.index, join_ops, s0, s1, d1)
+        cost = self._merge_costs.get(key)
+        if cost is None:
+            cost = self._merge_costs[key] = self.model.stage_cost(pinfo.merge_ops(join_ops, s0, s1), d1,
+                                                                  self.micro_batch_size)
+        return cost

@@ -1,0 +1,431 @@
+"""Fork and join absorption: a parallel block's fork and join may share stages with its branches.
+
+In an SP chain `... F, P, J ...` (P a parallel block with at most 4 branches), the plain DP
+puts the leaves before P (the fork side) and after P (the join side) in stages of the outer
+chain. Often they are a cheap input and a cheap concat + head, and a stage of their own
+wastes a device; so the DP may also take a *block*, staged in one of these layouts:
+
+- F + P: F is a run of leaf items ending right before P (any start); it joins the first
+  stage of one branch r_f: the extended chain [F] + B_rf;
+- P + J: J is the whole run of leaf items right after P; it joins the last stage of one
+  branch r_j: B_rj + [J];
+- F + P + J: both (r_f and r_j may be the same branch: [F] + B_r + [J]);
+- merge stage (blocks of exactly MERGE_BRANCHES = 2 branches): J's stage M also takes the
+  tails of both branches, items s_0.. of B_0 and s_1.. of B_1 (each non-empty), on the fewest
+  data-parallel devices that meet the target and hold M's micro-batches; B_0[:s_0] and
+  B_1[:s_1] feed it (either may take F). With two branches of 4 layers on 8 devices this is
+  A1 -> A2 -> A3 -> M, B1 -> B2 -> B3 -> M: every path one stage shorter than with the head
+  on one branch's last stage, so the sources hold one micro-batch fewer.
+
+Each layout is a set of *lanes* (chains, or prefixes of chains, solved by the chain DP,
+each given the in-flight count of what it feeds) plus the branches left whole (the plain
+parallel-block DP). In-flight counts stay exact: what feeds J's stage gets one more than
+what follows the block (k_side = k_after + 1 with J, else k_after); F's stage is the first
+stage of its lane, and its count is one more than the largest entry count of the rest of its
+lane and of everything else in the block. A stage holding both F and J would hold every
+branch (the plain "whole block" segment), so F's stage never reaches J while anything else
+runs beside it. The recurrence, per layout L and its lanes (`ForkJoinSolver._solve`):
+
+    side_L[v]   = par_{k_side}[others_L][v] + sum over lanes l without F of lane_l[v]  (+ M's devices)
+    block[v]    = min over layouts L without F of side_L[v]
+    block[u + 1] = min over layouts L with F, over F's stages [0, stop) on d1 devices holding u + 1,
+                  of d1 + body_{stop - 1}[u] + side_L[u]      (body: F's lane after F's stage)
+
+then settled like a chain row (non-increasing, BIG above the devices).
+
+Merge tails are tried while they fit on their own: the tails and J within the target on the
+widest degree, their weights, gradients and Adam state within the memory limit (longer tails
+only cost more). Each tail position costs a prefix solve of its branch (the branch's own
+tables, cut at the tail: `Probe.chain(..., end=)`), hence two branches only: with more, the
+tails of every pair would multiply the DP's work.
+
+Nesting. A block's need vector depends on its parallel block, the ops of F and J and k_after
+only, so it is memoised by those (`tables.Block.key`), as are the extended chains (per branch
+and runs: `ChainTables.extended`) and the merge stages' costs (per J and tails:
+`SizeTables.merge_cost`): the same block met in a branch and in that branch's extended chains
+is solved once. A fork's lane is never solved as a chain: F's stage is items [0, stop) of
+[F] + B (only its segments from item 0 are read), and the rest of the lane is B from item
+stop - 1, whose suffix rows are B's own (or those of B + [J]). Solving [F] + B whole would
+build its row 0, where blocks nested in B take F into their own fork runs, whose lanes would
+do the same one level down: that made the work grow by a factor per level of nesting. Now fork
+runs stay in their chain, and a join run travels only into the last block of a branch
+(B + [J] is solved whole): a block at nesting depth t has at most t + 1 join runs. Per probe
+and k_after, a block costs O(c^2 V) for its plain layouts plus, per layout with a fork, one
+O(V) test against a floor (F's stage and the rest of its lane, per u, `ForkLane`), which most
+layouts fail (they cannot better a cell of the block's vector), and O(stops x breakpoints) for
+the others.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from graphpipe.planner.memory import OPTIMIZER_STATE_FACTOR, max_in_flight_micro_batches
+from graphpipe.planner.sp_dp.blocks import BIG, MERGE_BRANCHES
+from graphpipe.planner.sp_dp.need import (
+    BlockSol,
+    ChainSol,
+    ForkPick,
+    Layout,
+    LayoutChoice,
+    ParSol,
+    add,
+    drops,
+    sum_breakpoints,
+)
+from graphpipe.planner.sp_dp.size_tables import SizeTables
+from graphpipe.planner.sp_dp.tables import Block, BlockKey, ChainInfo, ChainTables, ParInfo
+from graphpipe.planner.stage_spec import StageSpec
+
+
+class ChainSolver(Protocol):
+    """What the fork/join blocks need of the probe that meets them (`Probe`): the chain and parallel-block DP
+    (memoised) and the reconstruction of their stages."""
+
+    def chain(self, info: ChainInfo, k_after: int, end: int | None = None) -> ChainSol: ...
+
+    def par(self, pinfo: ParInfo, k_after: int) -> ParSol: ...
+
+    def emit_chain(self, info: ChainInfo, k_after: int, v: int, out: list[StageSpec], start: int = 0,
+                   end: int | None = None) -> None: ...
+
+    def emit_par(self, pinfo: ParInfo, k_after: int, v: int, out: list[StageSpec], mask: int | None = None) -> None:
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Lane:
+    chain: ChainInfo | None  # None: empty (a branch wholly inside the merge stage)
+    at_side: bool  # followed by J's stage (given k_side), else by what follows the block (k_after)
+    has_fork: bool
+    end: int | None = None  # solve items [0, end) only
+    body: ChainInfo | None = None  # a fork's lane: `chain` without its first item, the fork run (see `_fork_stage`)
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """A layout's lanes, whatever the in-flight counts: the fork's lane (if any), the others, the mask of
+    the branches left whole; for the fork's lane, its items solved (`end`) and the last item F's stage may
+    reach (one before J when F's lane also takes J while something else runs beside it)."""
+
+    fork: _Lane | None
+    rest: tuple[_Lane, ...]
+    others: int
+    fork_end: int = 0
+    fork_last: int = 0
+    fork_key: tuple[int, int, int] = (0, 0, 0)  # (F's lane, end, last): `_fork_lane`'s memo
+
+
+ShapeKey = tuple[BlockKey, int | None, int | None, int, int]  # (block, r_f, r_j, s_0, s_1), s = -1: no merge
+
+
+class Shapes:
+    """The lanes of every layout of the blocks met (`_Shape`), the same for every probe, size and in-flight
+    count: built once per tree (one `partition_sp` call), keyed by block content and layout."""
+
+    def __init__(self, chains: ChainTables) -> None:
+        self.chains = chains
+        self._shapes: dict[ShapeKey, _Shape] = {}
+        self._plain: dict[tuple[BlockKey, bool], list[tuple[Layout, _Shape]]] = {}
+
+    def plain(self, block: Block, with_join: bool) -> list[tuple[Layout, _Shape]]:
+        """The plain layouts (no merge stage) with their shapes, in `_plain_layouts` order."""
+        key = (block.key, with_join)
+        hit = self._plain.get(key)
+        if hit is None:
+            hit = self._plain[key] = [(layout, self.shape(block, layout))
+                                      for layout in _plain_layouts(block, with_join)]
+        return hit
+
+    def shape(self, block: Block, layout: Layout) -> _Shape:
+        """The layout's lanes: the extended chains of the branches that take F or J (or the merge stage's
+        prefixes of both branches), the fork's lane first, and the branches left whole."""
+        rf, rj, merge = layout.rf, layout.rj, layout.merge
+        key = (block.key, rf, rj, -1, -1) if merge is None else (block.key, rf, rj, merge[0], merge[1])
+        hit = self._shapes.get(key)
+        if hit is None:
+            hit = self._shapes[key] = self._build(block, rf, rj, merge)
+        return hit
+
+    def _build(self, block: Block, rf: int | None, rj: int | None, merge: tuple[int, int, int] | None) -> _Shape:
+        extended = self.chains.extended
+        lanes = []
+        others = 0
+        if merge is not None:
+            for pos, cut in enumerate(merge[:2]):
+                if rf == pos:
+                    lanes.append(_Lane(extended(block, pos, True, False), True, True, cut + 1,
+                                       extended(block, pos, False, False)))
+                elif cut:
+                    lanes.append(_Lane(extended(block, pos, False, False), True, False, cut))
+                else:
+                    lanes.append(_Lane(None, True, False))
+            lanes.sort(key=lambda lane: not lane.has_fork)
+        else:
+            if rj is not None:
+                lanes.append(_Lane(extended(block, rj, rf == rj, True), False, rf == rj, None,
+                                   extended(block, rj, False, True) if rf == rj else None))
+            if rf is not None and rf != rj:
+                lanes.insert(0, _Lane(extended(block, rf, True, False), True, True, None,
+                                      extended(block, rf, False, False)))
+            others = _without((1 << block.num_branches) - 1, rf, rj)
+        fork = lanes[0] if lanes and lanes[0].has_fork else None
+        rest = tuple(lanes[1:] if fork is not None else lanes)
+        if fork is None or fork.chain is None:
+            return _Shape(fork, rest, others)
+        end = fork.chain.num_items if fork.end is None else fork.end
+        holds_join = rj is not None and rf == rj and (others != 0 or bool(rest))
+        last = end - 1 if holds_join else end
+        return _Shape(fork, rest, others, end, last, (fork.chain.index, end, last))
+
+
+def _without(full: int, *positions: int | None) -> int:
+    for pos in positions:
+        if pos is not None:
+            full &= ~(1 << pos)
+    return full
+
+
+def _plain_layouts(block: Block, with_join: bool) -> Iterator[Layout]:
+    count = block.num_branches
+    forks: tuple[int | None, ...] = tuple(range(count)) if block.fork is not None else (None,)
+    for rj in (range(count) if with_join else (None,)):
+        for rf in forks:
+            yield Layout(rf, rj)
+
+
+@dataclass(frozen=True, slots=True)
+class ForkLane:
+    """What `_fork_stage` reads of a fork's lane in a probe, the same for every layout and side: F's stage
+    options (stop, d1, most in flight) by degree and then stop, the body's solution and the floor."""
+
+    options: list[tuple[int, int, int]]
+    body: ChainSol
+    floor: list[int]
+
+
+class ForkJoinSolver:
+    """The fork/join blocks of one probe (a size's `tables` and a `target`), memoised by content: block vectors
+    by (block, with J, k_after), F's stage options by (lane, last item) and fork lanes by (lane, end, last)
+    and k_after. The probe passes itself (`solver`) to each call rather than being held here: no reference
+    cycle, so a finished probe and its memo tables are freed at once."""
+
+    def __init__(self, tables: SizeTables, target_ms: float, shapes: Shapes) -> None:
+        self.tables = tables
+        self.target = target_ms
+        self.shapes = shapes
+        self.block_memo: dict[tuple[BlockKey, bool, int], BlockSol] = {}
+        self.fork_memo: dict[tuple[int, int], list[tuple[int, int, int]]] = {}  # see `_fork_options`
+        self.lane_memo: dict[tuple[int, int, int], dict[int, ForkLane | None]] = {}  # see `_fork_lane`
+
+    def need(self, solver: ChainSolver, block: Block, with_join: bool, k_after: int) -> BlockSol:
+        """Need vector of the block (entry = F's stage with a fork, else the branches' entries), memoised by
+        content (`Block.key`) and k_after."""
+        key = (block.key if with_join else block.key_alone, with_join, k_after)
+        hit = self.block_memo.get(key)
+        if hit is None:
+            hit = self.block_memo[key] = self._solve(solver, block, with_join, k_after)
+        return hit
+
+    def vector(self, solver: ChainSolver, block: Block, with_join: bool, k_after: int) -> list[int]:
+        return self.need(solver, block, with_join, k_after).need
+
+    def _solve(self, solver: ChainSolver, block: Block, with_join: bool, k_after: int) -> BlockSol:
+        """Every layout's side (the lanes without F and the branches left whole), then F's stage where a layout
+        has one (`_fork_stage`); settled like a chain row."""
+        max_v = self.tables.max_v
+        k_side = k_after + 1 if with_join else k_after
+        psol = solver.par(block.pinfo, k_side)
+        vec: list[int] = [BIG] * (max_v + 1)
+        chosen: list[LayoutChoice | None] = [None] * (max_v + 1)
+        merges = ((layout, self.shapes.shape(block, layout)) for layout in self._merge_layouts(block, k_side))
+        for layout, shape in (*self.shapes.plain(block, with_join), *(merges if with_join else ())):
+            side = psol.need[shape.others]
+            for lane in shape.rest:
+                side = add(side, self._lane_need(solver, lane, k_side if lane.at_side else k_after))
+            if layout.merge is not None:
+                side = [devices + layout.merge[2] for devices in side]
+            if shape.fork is None:
+                for v in range(max_v + 1):
+                    if side[v] < vec[v]:
+                        vec[v], chosen[v] = side[v], (layout, None)
+                continue
+            self._fork_stage(solver, layout, shape, k_side if shape.fork.at_side else k_after, side, vec, chosen)
+        for v in range(1, max_v + 1):
+            if vec[v - 1] < vec[v]:
+                vec[v], chosen[v] = vec[v - 1], chosen[v - 1]
+        return BlockSol([c if c <= self.tables.num_devices else BIG for c in vec], chosen)
+
+    def _lane_need(self, solver: ChainSolver, lane: _Lane, k_after: int) -> list[int]:
+        if lane.chain is None:
+            return [0 if v >= k_after else BIG for v in range(self.tables.max_v + 1)]
+        return solver.chain(lane.chain, k_after, lane.end).need[0]
+
+    # ---- merge stages ------------------------------------------------------------------------
+    def _merge_layouts(self, block: Block, k_side: int) -> Iterator[Layout]:
+        """Merge stages that meet the target and fit (see the module docstring)."""
+        if block.join is None or block.num_branches != MERGE_BRANCHES:
+            return
+        forks: tuple[int | None, ...] = (0, 1) if block.fork is not None else (None,)
+        first, second = self._merge_tails(block, 0), self._merge_tails(block, 1)
+        target, limit = self.target, self.tables.memory_limit
+        for s0, compute0, params0 in first:
+            for s1, compute1, params1 in second:
+                if compute0 + compute1 > target or params0 + params1 > limit:
+                    break  # longer tails only cost more
+                devices = self._merge_devices(block, s0, s1, k_side)
+                if devices < BIG:
+                    for rf in forks:
+                        yield Layout(rf, None, (s0, s1, devices))
+
+    def _merge_tails(self, block: Block, pos: int) -> list[tuple[int, float, float]]:
+        """(s, compute per sample on the widest degree with J's share, static bytes with J's share) of the
+        non-empty tails [s, end) of branch `pos` that could join J's stage alone, shortest first."""
+        tables, target = self.tables, self.target
+        info = block.pinfo.branch_infos[pos]
+        assert block.join is not None
+        b, widest, model = tables.micro_batch_size, tables.degrees[-1], tables.model
+        times, _ = info.prefix_at(b / widest)
+        join_ms = sum(sum(model.op_at(op, b / widest)[:2]) for op in block.join.ops) / 2
+        join_params = sum(model.param_bytes[op] for op in block.join.ops) / 2
+        end, out = info.num_items, []
+        for start in range(end - 1, -1, -1):
+            compute = (times[end] - times[start]) / b + join_ms / b
+            params = OPTIMIZER_STATE_FACTOR * (info.param_prefix[end] - info.param_prefix[start] + join_params)
+            if compute > target or params > tables.memory_limit:
+                break
+            out.append((start, compute, params))
+        return out
+
+    def _merge_devices(self, block: Block, s0: int, s1: int, k_side: int) -> int:
+        """Fewest data-parallel devices on which the merge stage meets the target and holds k_side micro-batches."""
+        tables, target = self.tables, self.target
+        assert block.join is not None
+        for d1 in tables.degrees:
+            cost = tables.merge_cost(block.pinfo, block.join.ops, s0, s1, d1)
+            if cost.tps_ms <= target and max_in_flight_micro_batches(
+                    cost.param_bytes, cost.act_bytes, tables.memory_limit, tables.num_micro_batches) >= k_side:
+                return d1
+        return BIG
+
+    # ---- the fork's stage --------------------------------------------------------------------
+    def _fork_stage(self, solver: ChainSolver, layout: Layout, shape: _Shape, k_lane: int, side: list[int],
+                    vec: list[int], chosen: list[LayoutChoice | None]) -> None:
+        """F's stage = the first items [0, stop) of the fork's lane; the rest of the lane and the side after it.
+
+        The rest of the lane is items [stop - 1, ...) of the lane's body (the lane without F), whose suffix
+        rows are those of the lane from item 1 on: the body is solved, not the lane, so the lane's own
+        row 0 (blocks whose fork runs would take F along, and their extended chains, level after level)
+        is never built; only the segments from item 0 are read from the lane's tables.
+
+        Most layouts better no cell of the block's vector: those are skipped in O(v) with a floor, per u,
+        of F's stage and the rest of its lane (`ForkLane`). A candidate at cell u + 1 matters only if it
+        is below the cell's best so far, within the devices and no more than every cell below it (else the
+        monotone pass of `_solve` replaces it by the cell below, or the cell is infeasible whatever
+        it holds), so a layout none of whose cells passes that test on its floor writes nothing that
+        counts."""
+        fork = self._fork_lane(solver, shape, k_lane)
+        if fork is None:
+            return
+        cap = self.tables.num_devices
+        for u, least in enumerate(fork.floor):
+            if vec[u] < cap:
+                cap = vec[u]
+            cost = least + side[u]
+            if cost < vec[u + 1] and cost <= cap:
+                break
+        else:
+            return
+        need, row_breaks = fork.body.need, fork.body.breaks
+        side_drops = drops(side)
+        combined: dict[int, list[tuple[int, int]]] = {}
+        for stop, d1, k_max in fork.options:
+            breaks = combined.get(stop)
+            if breaks is None:
+                breaks = combined[stop] = sum_breakpoints(need[stop - 1], row_breaks[stop - 1], side, side_drops)
+            for u, devices in breaks:
+                if u >= k_max:
+                    break
+                cost = devices + d1
+                if cost < vec[u + 1]:
+                    pick: ForkPick = (stop, d1, u)
+                    vec[u + 1], chosen[u + 1] = cost, (layout, pick)
+
+    def _fork_lane(self, solver: ChainSolver, shape: _Shape, k_lane: int) -> ForkLane | None:
+        """The lane's `ForkLane` (None: no segment from item 0 meets the target), memoised: the layouts that
+        give F to the same branch share it. The floor at u is the fewest devices over the options that hold
+        u + 1 micro-batches, of F's stage plus the body's row after it at u: with the side's need at u
+        added, no candidate at cell u + 1 costs less."""
+        per_k = self.lane_memo.get(shape.fork_key)
+        if per_k is None:
+            per_k = self.lane_memo[shape.fork_key] = {}
+        elif k_lane in per_k:
+            return per_k[k_lane]
+        lane, end, last = shape.fork, shape.fork_end, shape.fork_last
+        assert lane is not None and lane.chain is not None and lane.body is not None
+        options = self._fork_options(lane.chain, last)
+        found = None
+        if options:
+            body = solver.chain(lane.body, k_lane, end - 1)  # the lane's row i is the body's row i - 1
+            floor = [BIG] * self.tables.max_v
+            for stop, d1, k_max in options:
+                row = body.need[stop - 1]
+                for u in range(min(k_max, len(floor))):
+                    if row[u] + d1 < floor[u]:
+                        floor[u] = row[u] + d1
+            found = ForkLane(options, body, floor)
+        per_k[k_lane] = found
+        return found
+
+    def _fork_options(self, info: ChainInfo, last: int) -> list[tuple[int, int, int]]:
+        """(stop, d1, most in flight) of the segments [0, stop) of a fork's lane, stop <= last, within the
+        target, by degree and then stop (memoised: the same for every in-flight count).
+
+        A degree is left out where a smaller one of the same segment holds as many micro-batches: it comes
+        first and costs fewer devices at every cell the larger one reaches, so the larger never wins one."""
+        key = (info.index, last)
+        hit = self.fork_memo.get(key)
+        if hit is None:
+            tables, target = self.tables, self.target
+            hit = self.fork_memo[key] = []
+            held = [-1] * (last + 1)  # per stop, the most in flight of the smaller degrees kept
+            for d1 in tables.degrees:
+                compute, tps_row, k_maxes = tables.segment_rows(info, 0, d1, target)
+                for idx in range(min(bisect_right(compute, target), last)):
+                    k_max = k_maxes[idx]
+                    if tps_row[idx] <= target and k_max > held[idx + 1]:
+                        held[idx + 1] = k_max
+                        hit.append((idx + 1, d1, k_max))
+        return hit
+
+    # ---- reconstruction ----------------------------------------------------------------------
+    def emit(self, solver: ChainSolver, block: Block, with_join: bool, k_after: int, v: int,
+             out: list[StageSpec]) -> None:
+        """Append the stages the block's cell v chose: F's stage and the rest of its lane, the other lanes,
+        the merge stage, then the branches left whole."""
+        pick = self.need(solver, block, with_join, k_after).choice[v]
+        assert pick is not None, "reconstructing an infeasible block"
+        layout, fork_choice = pick
+        k_side = k_after + 1 if with_join else k_after
+        shape = self.shapes.shape(block, layout)
+        side_v = v
+        size = self.tables.micro_batch_size
+        if fork_choice is not None:
+            stop, d1, side_v = fork_choice
+            lane = shape.fork
+            assert lane is not None and lane.chain is not None and lane.body is not None
+            out.append(StageSpec(ops=lane.chain.ops(0, stop), num_devices=d1, micro_batch_size=size))
+            solver.emit_chain(lane.body, k_side if lane.at_side else k_after, side_v, out, start=stop - 1,
+                              end=None if lane.end is None else lane.end - 1)
+        for lane in shape.rest:
+            if lane.chain is not None:
+                solver.emit_chain(lane.chain, k_side if lane.at_side else k_after, side_v, out, end=lane.end)
+        if layout.merge is not None:
+            s0, s1, devices = layout.merge
+            assert block.join is not None
+            out.append(StageSpec(ops=block.pinfo.merge_ops(block.join.ops, s0, s1), num_devices=devices,
+                                 micro_batch_size=size))
+        solver.emit_par(block.pinfo, k_side, side_v, out, mask=shape.others)

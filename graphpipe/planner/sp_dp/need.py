@@ -1,0 +1,158 @@
+"""Need vectors, the records of what the DP chose, and the chain step that writes and settles a row.
+
+A *need vector* of a DP sub-problem holds, per v = 0 .. devices + 1,
+
+    need[v] = fewest devices with which the sub-problem can be staged so that its entry stages
+              hold at most v micro-batches in flight (BIG: not within the devices),
+
+and is non-increasing in v once settled (allowing more in flight never costs devices). Beside
+each cell the DP records what it chose (`choice`), so that the stages are rebuilt by walking the
+choices from the tree's entry (`Probe.stages`). The records are plain tuples with a kind tag in
+front: the types below name their fields at no run-time cost in the DP's hot loops.
+
+One chain step (a row of a chain, `Probe._solve_chain`) is: write every candidate into the row
+(segments with `write_segments`, then the parallel item or fork/join blocks starting there), then
+`settle` it. (An earlier fused "write segments and settle" pass for rows without parallel items
+saved nothing measurable, so there is one step.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from graphpipe.planner.sp_dp.blocks import BIG
+
+NO_KEY: Final = 1 << 62  # above every cell key (`size_tables.SegmentOffers`): no segment offer for the cell
+
+SEG: Final = 0  # the row's first stage is a segment of the chain
+OPEN: Final = 1  # the row starts with its parallel item, solved as a plain parallel block
+BLOCK: Final = 2  # the row starts with a fork/join block (`fork_join`)
+
+SegChoice = tuple[Literal[0], int, int, int]
+"""(SEG, stop, d1, u): items [start, stop) as one stage on d1 devices, then row `stop` at cell u (= v - 1)."""
+ItemChoice = tuple[Literal[1, 2], bool, int, int]
+"""(OPEN or BLOCK, with_join, k_after, v): the parallel item (OPEN; with_join False) or the fork/join block
+starting at the row (BLOCK, with or without its join run) at its cell v, given k_after in flight after it;
+then the row after it at cell k_after."""
+ChainChoice = SegChoice | ItemChoice
+GroupChoice = tuple[int, int]
+"""(group, devices): a parallel block's branches in the bit mask `group` (sorted order) as one chain if it is a
+single branch (devices 0: the branch's own choices say), else merged into one stage on `devices` devices."""
+ForkPick = tuple[int, int, int]
+"""(stop, d1, u): a fork's stage is items [0, stop) of its lane on d1 devices; the rest of the block at cell u."""
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How a fork/join block is staged: which branch (by sorted position) takes the fork run and which the
+    join run; or a merge stage: the items where the two branches' tails start and the devices of J's stage."""
+
+    rf: int | None
+    rj: int | None
+    merge: tuple[int, int, int] | None = None  # (s_0, s_1, devices)
+
+
+LayoutChoice = tuple[Layout, ForkPick | None]
+"""(layout, fork pick): the block's layout, and where its fork's stage ends (None: no fork run)."""
+
+
+@dataclass(slots=True)
+class ChainSol:
+    """Suffix need vectors of one chain (rows by start item), their choices and their breakpoints."""
+
+    need: list[list[int]]
+    choice: list[list[ChainChoice | None]]
+    breaks: list[list[tuple[int, int]]]  # per row, its breakpoints (all feasible: the rows are settled)
+
+
+@dataclass(slots=True)
+class ParSol:
+    """Need vectors of a parallel block's branch subsets (bit masks, `full` = every branch) and their choices."""
+
+    need: dict[int, list[int]]
+    choice: dict[int, list[GroupChoice | None]]
+    full: int
+
+
+@dataclass(slots=True)
+class BlockSol:
+    """A fork/join block's need vector (settled and capped at the devices) and its choices."""
+
+    need: list[int]
+    choice: list[LayoutChoice | None]
+
+
+def breakpoints(need: list[int]) -> list[tuple[int, int]]:
+    """(v, devices) where a non-increasing need vector drops."""
+    out, last = [], BIG
+    for v, devices in enumerate(need):
+        if devices < last:
+            out.append((v, devices))
+            last = devices
+    return out
+
+
+def feasible_breakpoints(need: list[int], num_devices: int) -> list[tuple[int, int]]:
+    """Breakpoints of a need vector that fit on the devices."""
+    return [point for point in breakpoints(need) if point[1] <= num_devices]
+
+
+def write_segments(best: list[int], span: int, unit: int, row: list[int], chosen: list[ChainChoice | None]) -> None:
+    """Write the best segment of each cell into the row: `best[u]` is NO_KEY or the cell key of cell u + 1,
+    (devices in all) * unit + d1 * span + stop (`size_tables.SegmentOffers`), unpacked here."""
+    for u, key in enumerate(best):
+        if key != NO_KEY:
+            cost, rest_key = divmod(key, unit)
+            d1, stop = divmod(rest_key, span)
+            row[u + 1], chosen[u + 1] = cost, (SEG, stop, d1, u)
+
+
+def settle(row: list[int], chosen: list[ChainChoice | None], num_devices: int) -> list[tuple[int, int]]:
+    """Make a chain row non-increasing, need[v] = min(need[v], need[v - 1]) (a cell keeps its own choice
+    unless a smaller v is strictly cheaper), mark what needs more than the devices infeasible (BIG), and
+    return the row's feasible breakpoints."""
+    out: list[tuple[int, int]] = []
+    last = previous = BIG
+    for v, devices in enumerate(row):
+        if previous < devices:
+            devices = previous
+            chosen[v] = chosen[v - 1]
+        previous = devices
+        if devices > num_devices:
+            row[v] = BIG
+        else:
+            row[v] = devices
+            if devices < last:
+                out.append((v, devices))
+                last = devices
+    return out
+
+
+def add(a: list[int], b: list[int]) -> list[int]:
+    """Two parts side by side: their need vectors add (each part's entries hold at most v)."""
+    return [x + y for x, y in zip(a, b)]
+
+
+def drops(need: list[int]) -> list[int]:
+    """Where a need vector drops (v = 0 included)."""
+    out, last = [], -1
+    for v, devices in enumerate(need):
+        if devices != last:
+            out.append(v)
+            last = devices
+    return out
+
+
+def sum_breakpoints(row: list[int], row_breaks: list[tuple[int, int]], side: list[int],
+                    side_drops: list[int]) -> list[tuple[int, int]]:
+    """`breakpoints` of row + side, two need vectors (non-increasing): their sum drops only where one of them
+    does, so only the row's breakpoints (where it drops to a feasible count, the rest of it being
+    infeasible) and the side's drops are read, not every v."""
+    out, last = [], BIG
+    for v in sorted([v for v, _ in row_breaks] + side_drops):
+        devices = row[v] + side[v]
+        if devices < last:
+            out.append((v, devices))
+            last = devices
+    return out

@@ -1,0 +1,320 @@
+"""One probe of the DP: is there a stage graph with every stage's TPS <= T, and which one has the
+fewest micro-batches in flight at its source?
+
+The probe solves need vectors (`need`) bottom-up over the SP tree, each sub-problem memoised by
+what its answer depends on. Vectors run over v = 0 .. devices + 1 (`SizeTables.max_v`), BIG marks
+an infeasible cell, b is the micro-batch, and every vector is capped at the devices (BIG above).
+The minima below run over the breakpoints of the vector after the candidate only (where it
+drops): `settle` fills in the v between them.
+
+Chain (series case), the suffix of items [i, end) followed by something holding k_after
+micro-batches (`Probe._solve_chain`), rows from the end back to item 0:
+
+    base:     need_end[v] = 0 if v >= k_after else BIG
+    segment:  need_i[u + 1] = min over j > i, d1 | b with TPS(i, j, d1) <= T and k_max(i, j, d1) >= u + 1
+                              of d1 + need_j[u]         (the stage [i, j) holds one more than what follows)
+    parallel: need_i[v] = min over k < v of par_k(P)[v] + need_{i+1}[k]       (item i = P, given k after it)
+    block:    need_i[v] = min over k < v of block_k[v] + need_stop[k]          (`fork_join`, from item i)
+    settle:   need_i[v] = min(need_i[v], need_i[v - 1])   (more in flight allowed never costs devices)
+
+Parallel block P given k_after (`Probe._solve_par`), over subsets M of its branches (bit masks
+in sorted order, smaller first; G runs over the groups holding M's lowest branch: any subset
+with up to 4 branches, runs of consecutive sorted branches above):
+
+    base:     par[{}][v] = 0 if v >= k_after or P has no bypass edge else BIG
+    group:    par[M][v] = min over G of g_G[v] + par[M \\ G][v]
+              g_G = the branch's chain need_0 given k_after        (G one branch)
+              g_G[v] = fewest d1 with TPS <= T and k_max >= k_after + 1, for v > k_after  (G merged)
+
+The tree's entry is the smallest v with need_0[v] within the devices; the stages are rebuilt
+from the recorded choices (`need.ChainChoice`, `need.GroupChoice`, `need.LayoutChoice`).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Callable
+from functools import partial
+from typing import Literal, Protocol
+
+from graphpipe.graph.sp import SPChain
+from graphpipe.planner.sp_dp.blocks import BIG, MAX_ENUMERATED_BRANCHES
+from graphpipe.planner.sp_dp.fork_join import ForkJoinSolver, ForkLane, Shapes
+from graphpipe.planner.sp_dp.need import (
+    BLOCK,
+    NO_KEY,
+    OPEN,
+    SEG,
+    BlockSol,
+    ChainChoice,
+    ChainSol,
+    GroupChoice,
+    ParSol,
+    feasible_breakpoints,
+    settle,
+    write_segments,
+)
+from graphpipe.planner.sp_dp.size_tables import SegmentOffers, SizeTables, dominance_cap
+from graphpipe.planner.sp_dp.tables import BlockKey, ChainInfo, ParInfo
+from graphpipe.planner.stage_spec import StageSpec
+
+
+class ProbeHost(Protocol):
+    """What a probe reads of its search (`search.Search`): the size's tables, the tree's root chain, the
+    fork/join shapes shared by the sizes, and the segment offers for a target."""
+
+    tables: SizeTables
+    root: ChainInfo
+    shapes: Shapes
+
+    def offers(self, info: ChainInfo, target_ms: float) -> SegmentOffers: ...
+
+
+class Probe:
+    """One DP run for a micro-batch size and a TPS target; its memo tables are the DP's work."""
+
+    def __init__(self, host: ProbeHost, target_ms: float) -> None:
+        self.host = host
+        self.tables = host.tables
+        self.target = target_ms
+        self.dominated = dominance_cap(target_ms)  # offers with `until` up to this are dominated
+        self.chain_memo: dict[tuple[int, int, int], ChainSol] = {}  # (chain, k_after, end)
+        self.par_memo: dict[tuple[int, int], ParSol] = {}  # (parallel block, k_after)
+        self.blocks = ForkJoinSolver(self.tables, target_ms, host.shapes)
+
+    @property
+    def block_memo(self) -> dict[tuple[BlockKey, bool, int], BlockSol]:
+        return self.blocks.block_memo
+
+    @property
+    def lane_memo(self) -> dict[tuple[int, int, int], dict[int, ForkLane | None]]:
+        return self.blocks.lane_memo
+
+    # ---- chains --------------------------------------------------------------------------
+    def chain(self, info: ChainInfo, k_after: int, end: int | None = None) -> ChainSol:
+        """The chain's items [0, end) (all by default), followed by something holding `k_after` micro-batches."""
+        end = info.num_items if end is None else end
+        key = (info.index, k_after, end)
+        sol = self.chain_memo.get(key)
+        if sol is None:
+            sol = self.chain_memo[key] = self._solve_chain(info, k_after, end)
+        return sol
+
+    def _solve_chain(self, info: ChainInfo, k_after: int, end: int) -> ChainSol:
+        """Suffix need vectors from `end` back to item 0. Rows past `end` stay infeasible, so no segment,
+        block or parallel item reaches beyond it (a prefix of a chain reuses the chain's tables)."""
+        t = self.tables
+        num_items, max_v, num_devices = info.num_items, t.max_v, t.num_devices
+        need = [[BIG] * (max_v + 1) for _ in range(num_items + 1)]
+        choice: list[list[ChainChoice | None]] = [[None] * (max_v + 1) for _ in range(num_items + 1)]
+        need[end] = [0 if v >= k_after else BIG for v in range(max_v + 1)]
+        breaks: list[list[tuple[int, int]]] = [[] for _ in range(num_items + 1)]
+        breaks[end] = feasible_breakpoints(need[end], num_devices)
+        fewest = [BIG] * (num_items + 1)  # the last breakpoint's devices
+        fewest[end] = breaks[end][-1][1] if breaks[end] else BIG
+        offers = self.host.offers(info, self.target)
+        span, unit = offers.span, offers.unit
+        for start in range(end - 1, -1, -1):
+            row, chosen = need[start], choice[start]
+            best = self._segment_keys(offers, start, breaks, fewest, max_v + 1)
+            if best is not None:
+                write_segments(best, span, unit, row, chosen)
+            if info.next_parallel[start] < num_items:  # a parallel item at or after `start`: blocks may start here
+                pinfo = info.par_infos[start]
+                if pinfo is not None:
+                    self._open(pinfo, need[start + 1], row, chosen)
+                self._blocks(info, start, need, row, chosen)
+            found = settle(row, chosen, num_devices)
+            breaks[start] = found
+            if found:
+                fewest[start] = found[-1][1]
+        return ChainSol(need=need, choice=choice, breaks=breaks)
+
+    def _segment_keys(self, offers: SegmentOffers, start: int, breaks: list[list[tuple[int, int]]],
+                      fewest: list[int], size: int) -> list[int] | None:
+        """Per u, the key of the best segment [start, stop) as the first stage of cell u + 1 (None: no offer
+        within the target). Only the breakpoints of the rest's vector matter (the monotone pass of `settle`
+        fills in the v between them). A candidate needing more than all the devices is never kept (`settle`
+        marks it infeasible), so it is not tried: the rest's fewest devices (its last breakpoint,
+        `fewest[stop]`) must leave room for d1.
+
+        Each cell keeps the cheapest offer, then the smallest degree, then the shortest segment, as one
+        integer key (`SegmentOffers`), so the offers can come in any order: here by TPS, so that those
+        within the target are a prefix of the start's. A degree is skipped where a smaller degree of the
+        same segment is within the target and holds as many micro-batches in flight (it makes every
+        offer of this one at fewer devices); the rest are all tried, so a degree also tries the v
+        that a smaller one already covers (they never win a cell)."""
+        target = self.target
+        lo = offers.offsets[start]
+        hi = bisect_right(offers.tps, target, lo, offers.offsets[start + 1])
+        if lo == hi:
+            return None
+        unit = offers.unit
+        best = [NO_KEY] * size  # per u, the key of cell u + 1
+        dominated = self.dominated
+        for room, stop, k_max, until, base in zip(offers.rooms[lo:hi], offers.stops[lo:hi], offers.k_maxes[lo:hi],
+                                                  offers.until[lo:hi], offers.keys[lo:hi]):
+            if until <= dominated or fewest[stop] > room:
+                continue
+            for u, devices in breaks[stop]:
+                if u >= k_max:
+                    break
+                if devices <= room:
+                    key = devices * unit + base
+                    if key < best[u]:
+                        best[u] = key
+        return best
+
+    def _open(self, pinfo: ParInfo, rest: list[int], row: list[int], chosen: list[ChainChoice | None]) -> None:
+        """The row's parallel item solved as a plain parallel block, then the rest of the chain."""
+        def block_at(k_after: int) -> list[int]:
+            sol = self.par(pinfo, k_after)
+            return sol.need[sol.full]
+
+        self._before(rest, row, chosen, block_at, OPEN, False)
+
+    def _before(self, rest: list[int], row: list[int], chosen: list[ChainChoice | None],
+                block_at: Callable[[int], list[int]], kind: Literal[1, 2], with_join: bool) -> None:
+        """A block followed by `rest`: for every in-flight count k_after at which the rest needs fewer devices
+        than at any smaller one, the block's need vector given k_after plus those devices; the choice is
+        recorded as (kind, with_join, k_after, v)."""
+        max_v = self.tables.max_v
+        previous = BIG
+        for k_after in range(max_v + 1):
+            devices = rest[k_after]
+            if devices >= previous or devices >= BIG:
+                continue
+            previous = devices
+            block = block_at(k_after)
+            for v in range(k_after + 1, max_v + 1):
+                cost = block[v] + devices
+                if cost < row[v]:
+                    row[v] = cost
+                    chosen[v] = (kind, with_join, k_after, v)
+
+    def _blocks(self, info: ChainInfo, start: int, need: list[list[int]], row: list[int],
+                chosen: list[ChainChoice | None]) -> None:
+        """Blocks F + P, F + P + J and P + J starting at item `start` (see `fork_join`)."""
+        found = info.fork_join(start)
+        if found is None or found.num_branches > MAX_ENUMERATED_BRANCHES:
+            return
+        for with_join in (False, True) if found.join is not None else (False,):
+            if found.fork is None and not with_join:
+                continue
+            rest = need[found.stop if with_join else found.par_pos + 1]
+            self._before(rest, row, chosen, partial(self.blocks.vector, self, found, with_join), BLOCK, with_join)
+
+    # ---- parallel blocks -----------------------------------------------------------------
+    def par(self, pinfo: ParInfo, k_after: int) -> ParSol:
+        key = (pinfo.index, k_after)
+        sol = self.par_memo.get(key)
+        if sol is None:
+            sol = self.par_memo[key] = self._solve_par(pinfo, k_after)
+        return sol
+
+    def _solve_par(self, pinfo: ParInfo, k_after: int) -> ParSol:
+        t = self.tables
+        max_v = t.max_v
+        full = (1 << len(pinfo.par.branches)) - 1
+        base = [0 if (v >= k_after or not pinfo.par.has_bypass) else BIG for v in range(max_v + 1)]
+        need: dict[int, list[int]] = {0: base}
+        choice: dict[int, list[GroupChoice | None]] = {0: [None] * (max_v + 1)}
+        for mask in self._masks(pinfo, full):
+            row = [BIG] * (max_v + 1)
+            chosen: list[GroupChoice | None] = [None] * (max_v + 1)
+            for group in pinfo.groups_of(mask):
+                vec, extra = self._group_need(pinfo, group, k_after)
+                rest = need[mask ^ group]
+                for v in range(max_v + 1):
+                    cost = vec[v] + rest[v]
+                    if cost < row[v]:
+                        row[v] = cost
+                        chosen[v] = (group, extra[v])
+            need[mask] = [c if c <= t.num_devices else BIG for c in row]
+            choice[mask] = chosen
+        return ParSol(need=need, choice=choice, full=full)
+
+    @staticmethod
+    def _masks(pinfo: ParInfo, full: int) -> list[int]:
+        """Sub-problems in the order they are needed (smaller first)."""
+        if pinfo.interval:
+            count = full.bit_length()
+            return [full & ~((1 << pos) - 1) for pos in range(count - 1, -1, -1)]
+        return sorted(range(1, full + 1), key=lambda m: bin(m).count("1"))
+
+    def _group_need(self, pinfo: ParInfo, group: int, k_after: int) -> tuple[list[int], list[int]]:
+        """Need vector of a group given k_after, and the devices of a merged group per v (0 for a branch)."""
+        max_v = self.tables.max_v
+        if group & (group - 1) == 0:
+            branch = pinfo.branch_infos[group.bit_length() - 1]
+            return self.chain(branch, k_after).need[0], [0] * (max_v + 1)
+        devices = self._merged_devices(pinfo, group, k_after)
+        vec = [devices if v > k_after else BIG for v in range(max_v + 1)]
+        return vec, [devices] * (max_v + 1)
+
+    def _merged_devices(self, pinfo: ParInfo, group: int, k_after: int) -> int:
+        for d1, tps, k_max in self.tables.group_options(pinfo, group):
+            if tps <= self.target and k_max >= k_after + 1:
+                return d1
+        return BIG
+
+    # ---- result ----------------------------------------------------------------------------
+    def best_entry(self, tree: SPChain | None = None) -> int | None:
+        """Fewest micro-batches in flight at the entry of the search's tree (`tree`, if given, must be it)
+        among the plans within the target; None: no plan."""
+        root = self._root(tree)
+        need = self.chain(root, 0).need[0]
+        for v in range(1, self.tables.max_v + 1):
+            if need[v] <= self.tables.num_devices:
+                return v
+        return None
+
+    def stages(self, tree: SPChain | None, v: int) -> list[StageSpec]:
+        """The stages of the plan whose entry holds v micro-batches (`best_entry`)."""
+        out: list[StageSpec] = []
+        self.emit_chain(self._root(tree), 0, v, out)
+        return out
+
+    def _root(self, tree: SPChain | None) -> ChainInfo:
+        root = self.host.root
+        assert tree is None or tree is root.chain, "a probe solves its search's tree"
+        return root
+
+    def emit_chain(self, info: ChainInfo, k_after: int, v: int, out: list[StageSpec], start: int = 0,
+                   end: int | None = None) -> None:
+        end = info.num_items if end is None else end
+        sol = self.chain(info, k_after, end)
+        while start < end:
+            chosen = sol.choice[start][v]
+            assert chosen is not None, "reconstructing an infeasible DP state"
+            if chosen[0] == SEG:
+                _, stop, d1, u = chosen
+                out.append(StageSpec(ops=info.ops(start, stop), num_devices=d1,
+                                     micro_batch_size=self.tables.micro_batch_size))
+                start, v = stop, u
+            elif chosen[0] == OPEN:
+                _, _, block_after, block_v = chosen
+                pinfo = info.par_infos[start]
+                assert pinfo is not None
+                self.emit_par(pinfo, block_after, block_v, out)
+                start, v = start + 1, block_after
+            else:
+                _, with_join, block_after, block_v = chosen
+                found = info.fork_join(start)
+                assert found is not None
+                self.blocks.emit(self, found, with_join, block_after, block_v, out)
+                start, v = (found.stop if with_join else found.par_pos + 1), block_after
+
+    def emit_par(self, pinfo: ParInfo, k_after: int, v: int, out: list[StageSpec], mask: int | None = None) -> None:
+        sol = self.par(pinfo, k_after)
+        mask = sol.full if mask is None else mask
+        while mask:
+            chosen = sol.choice[mask][v]
+            assert chosen is not None, "reconstructing an infeasible parallel state"
+            group, devices = chosen
+            if group & (group - 1) == 0:
+                self.emit_chain(pinfo.branch_infos[group.bit_length() - 1], k_after, v, out)
+            else:
+                out.append(StageSpec(ops=pinfo.group(group)[0], num_devices=devices,
+                                     micro_batch_size=self.tables.micro_batch_size))
+            mask ^= group

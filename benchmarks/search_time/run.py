@@ -1,12 +1,20 @@
-"""Search time of every planner on the paper's branchy models (docs/method.md §6): writes results.json and
-prints the README tables.
+"""Search time of every planner against the model's size and the number of devices, at op and layer
+granularity: writes results.json and search_time.png and prints the README's tables.
 
-    .venv/bin/python benchmarks/search_time/run.py            # all models, 4..32 devices, 3 rounds
-    .venv/bin/python benchmarks/search_time/run.py --models mmt --devices 8 --rounds 1
+    .venv/bin/python benchmarks/search_time/run.py                     # both sweeps, 3 rounds (about 1 h)
+    .venv/bin/python benchmarks/search_time/run.py --sweep ops --rounds 1 --planners graphpipe,sequential
 
-Each configuration runs every planner once per round, one after the other, so a ratio of two
-planners compares runs made seconds apart on the same machine. Reported: the median of the
-rounds, and for the ratios the median and the spread (lowest-highest) of the per-round ratios.
+Two sweeps (analytic V100 costs, Summit, mini-batch 128, every power-of-two micro-batch):
+- ops: MMT with 4 branches of 8, 16, 32, 64 layers and the transformer chain with 32, 64, 128 layers,
+  at 32 devices;
+- devices: MMT with 4 branches of 32 layers at 8, 32, 128, 512 and 1,024 devices.
+
+Every run is one `gp.plan` call (search, then the ranking by simulation that every planner gets) in
+its own process, so its peak resident memory is its own and a run past `--limit` seconds is stopped.
+A planner and granularity stopped at one size is not run at the larger sizes of that sweep. Within a
+round every planner runs once, one after the other, so a ratio compares runs made seconds apart on
+the same machine; reported are the median of the rounds and the median (lowest-highest) of the
+per-round ratios.
 """
 
 from __future__ import annotations
@@ -14,122 +22,201 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import resource
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from graphpipe.cost.analytic import analytic_costs
-from graphpipe.cost.presets import cluster_preset
-from graphpipe.errors import PlanningError
-from graphpipe.graph.capture import capture
-from graphpipe.models import load_model
-from graphpipe.planner.api import plan_candidates
-
-PLANNERS = ("graphpipe", "sequential", "parallel-only", "pipedream", "piper")
-BASELINES = ("pipedream", "piper")
 HERE = Path(__file__).parent
+PLANNERS = ("graphpipe", "sequential", "pipedream", "piper")
+GRANULARITIES = ("op", "layer")
+BATCH = 128
+SWEEPS: dict[str, list[tuple[str, int, int]]] = {  # (model, layers per branch, devices)
+    "ops": [("mmt", 8, 32), ("mmt", 16, 32), ("mmt", 32, 32), ("mmt", 64, 32),
+            ("transformer", 32, 32), ("transformer", 64, 32), ("transformer", 128, 32)],
+    "devices": [("mmt", 32, 8), ("mmt", 32, 32), ("mmt", 32, 128), ("mmt", 32, 512), ("mmt", 32, 1024)],
+}
 
 
-def measure(graph: Any, costs: Any, num_devices: int, batch: int, planner: str) -> dict[str, Any]:
-    cluster = cluster_preset("summit", num_devices)
+def one_run(graph_file: str, costs_file: str, devices: int, planner: str, granularity: str) -> dict[str, Any]:
+    """The child process: one `gp.plan` call, its seconds, peak memory and plan."""
+    from graphpipe.cost.cost_table import CostTable
+    from graphpipe.cost.presets import cluster_preset
+    from graphpipe.errors import PlanningError
+    from graphpipe.graph.op_graph import OpGraph
+    from graphpipe.planning import plan
+
+    graph, costs = OpGraph.load(graph_file), CostTable.load(costs_file)
+    before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
     try:
-        plans = plan_candidates(graph, costs, cluster, batch, planner=planner)
+        best = plan(graph, costs, cluster_preset("summit", devices), BATCH, planner=planner, granularity=granularity)
     except PlanningError as err:
-        return {"seconds": time.perf_counter() - start, "gave_up": str(err)}
-    best = plans[0]
-    return {"seconds": time.perf_counter() - start, "tps_ms": best.predicted_tps_ms,
-            "samples_per_s": best.predicted_samples_per_s, "stages": best.num_stages, "depth": best.depth,
+        return {"seconds": time.perf_counter() - start, "gave_up": str(err).splitlines()[0][:160]}
+    seconds = time.perf_counter() - start
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"seconds": seconds, "peak_mib": peak_kib / 1024, "loaded_mib": before_kib / 1024,
+            "samples_per_s": best.predicted_samples_per_s, "depth": best.depth, "stages": best.num_stages,
             "micro_batch": best.stages[0].micro_batch_size, "devices_used": best.world_size}
 
 
-def summarise(model: str, ops: int, num_devices: int, planner: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One row: the last round's plan, every round's seconds and their median."""
-    seconds = [run["seconds"] for run in runs]
-    return {"model": model, "ops": ops, "planner": planner, "devices": num_devices, **runs[-1],
-            "seconds": statistics.median(seconds), "rounds": seconds}
+def spawn(graph_file: Path, costs_file: Path, devices: int, planner: str, granularity: str,
+          limit_s: float) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--one", str(graph_file), str(costs_file), str(devices), planner,
+               granularity]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=limit_s, check=True)
+    except subprocess.TimeoutExpired:
+        return {"seconds": limit_s, "stopped": True}
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def ratios(rows: list[dict[str, Any]], model: str, devices: int, baseline: str) -> list[float]:
-    """Per-round baseline / graphpipe seconds (empty when the baseline gave up)."""
-    cells = {r["planner"]: r for r in rows if r["model"] == model and r["devices"] == devices}
-    base, other = cells.get("graphpipe"), cells.get(baseline)
-    if not base or not other or "gave_up" in other:
-        return []
-    return [b / g for g, b in zip(base["rounds"], other["rounds"])]
+def capture_to(folder: Path, model: str, layers: int) -> tuple[Path, Path, int, int]:
+    """Capture the paper preset with `layers` layers per branch on meta; save graph and analytic costs."""
+    from graphpipe.cost.analytic import analytic_costs
+    from graphpipe.graph.capture import capture
+    from graphpipe.graph.layers import layer_blocks
+    from graphpipe.models import load_model
+
+    zoo = load_model(model, "paper", device="meta", num_layers=layers)
+    graph = capture(zoo.model, zoo.inputs, name=f"{model}-{layers}")
+    graph_file, costs_file = folder / f"{model}-{layers}.graph.json", folder / f"{model}-{layers}.costs.json"
+    graph.save(graph_file)
+    analytic_costs(graph, "v100-16gb").save(costs_file)
+    return graph_file, costs_file, len(graph), len(layer_blocks(graph))
 
 
-def ratio_cell(values: list[float]) -> str:
-    if not values:
+def run_sweep(name: str, planners: tuple[str, ...], rounds: int, limit_s: float, folder: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    stopped: set[tuple[str, str, str]] = set()  # (model, planner, granularity) past the limit at a smaller size
+    captured: dict[tuple[str, int], tuple[Path, Path, int, int]] = {}
+    for model, layers, devices in SWEEPS[name]:
+        if (model, layers) not in captured:
+            captured[(model, layers)] = capture_to(folder, model, layers)
+        graph_file, costs_file, ops, blocks = captured[(model, layers)]
+        runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for _ in range(rounds):
+            for granularity in GRANULARITIES:
+                for planner in planners:
+                    if (model, planner, granularity) in stopped:
+                        continue
+                    run = spawn(graph_file, costs_file, devices, planner, granularity, limit_s)
+                    runs.setdefault((planner, granularity), []).append(run)
+                    if run.get("stopped"):
+                        stopped.add((model, planner, granularity))
+        for (planner, granularity), done in runs.items():
+            row = {"sweep": name, "model": model, "layers": layers, "ops": ops, "blocks": blocks,
+                   "devices": devices, "planner": planner, "granularity": granularity, **done[-1],
+                   "seconds": statistics.median(r["seconds"] for r in done), "rounds": [r["seconds"] for r in done],
+                   "peak_mib": max((r.get("peak_mib", 0.0) for r in done), default=0.0)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def ratio_cell(rows: list[dict[str, Any]], over: str, under: str, granularity: str, **where: Any) -> str:
+    """Median (lowest-highest) of the per-round seconds of `over` / `under` at one configuration."""
+    cells = {r["planner"]: r for r in rows if r["granularity"] == granularity
+             and all(r[k] == v for k, v in where.items())}
+    a, b = cells.get(over), cells.get(under)
+    if a is None or b is None or "samples_per_s" not in a or "samples_per_s" not in b:
         return "-"
-    return f"{statistics.median(values):.1f}x ({min(values):.1f}-{max(values):.1f})"
+    values = [x / y for x, y in zip(a["rounds"], b["rounds"])]
+    return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| model | devices | " + " | ".join(PLANNERS) + " | pipedream / graphpipe | piper / graphpipe |",
-             "|---|---:|" + "---:|" * (len(PLANNERS) + 2)]
-    for model, devices in sorted({(r["model"], r["devices"]) for r in rows}):
-        cells = {r["planner"]: r for r in rows if r["model"] == model and r["devices"] == devices}
+def cell(row: dict[str, Any] | None, limit_s: float) -> str:
+    if row is None:
+        return "not run"
+    if row.get("stopped"):
+        return f"> {limit_s:.0f} s"
+    if "gave_up" in row:
+        return f"gave up ({row['seconds']:.1f} s)"
+    return f"{row['seconds']:.2f} s"
 
-        def cell(name: str, cells: dict[str, dict[str, Any]] = cells) -> str:
-            r = cells.get(name)
-            if r is None:
-                return "-"
-            if "gave_up" in r:
-                return f"gave up ({r['seconds']:.2f} s)"
-            return f"{r['seconds']:.2f} s (d{r['depth']}, b{r['micro_batch']})"
 
-        lines.append(f"| {model} | {devices} | " + " | ".join(cell(p) for p in PLANNERS) + " | "
-                     + " | ".join(ratio_cell(ratios(rows, model, devices, b)) for b in BASELINES) + " |")
+def table(rows: list[dict[str, Any]], planners: tuple[str, ...], limit_s: float) -> str:
+    head = ["model", "layers", "ops / blocks", "devices", "gran.", *planners, "graphpipe / sequential",
+            "peak MiB (graphpipe)"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---:|---:|---:|---|" + "---:|" * (len(planners) + 2)]
+    configs = sorted({(r["model"], r["layers"], r["ops"], r["blocks"], r["devices"]) for r in rows},
+                     key=lambda c: (c[0], c[1], c[4]))
+    for model, layers, ops, blocks, devices in configs:
+        for granularity in GRANULARITIES:
+            where = {"model": model, "layers": layers, "devices": devices}
+            cells = {r["planner"]: r for r in rows if r["granularity"] == granularity
+                     and all(r[k] == v for k, v in where.items())}
+            peak = cells.get("graphpipe", {}).get("peak_mib")
+            lines.append(f"| {model} | {layers} | {ops} / {blocks} | {devices} | {granularity} | "
+                         + " | ".join(cell(cells.get(p), limit_s) for p in planners) + " | "
+                         + ratio_cell(rows, "graphpipe", "sequential", granularity, **where) + " | "
+                         + (f"{peak:.0f}" if peak else "-") + " |")
     return "\n".join(lines)
 
 
-def quality_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| model | devices | graphpipe TPS ms | sequential / graphpipe | pipedream / graphpipe |",
-             "|---|---:|---:|---:|---:|"]
-    for model, devices in sorted({(r["model"], r["devices"]) for r in rows}):
-        cells = {r["planner"]: r for r in rows if r["model"] == model and r["devices"] == devices}
-        base = cells.get("graphpipe", {}).get("tps_ms")
-        if base is None:
-            continue
+def plot(rows: list[dict[str, Any]], planners: tuple[str, ...], path: Path) -> None:
+    import matplotlib
 
-        def versus(name: str, cells: dict[str, dict[str, Any]] = cells, base: float = base) -> str:
-            tps = cells.get(name, {}).get("tps_ms")
-            return "-" if tps is None else f"{tps / base:.2f}"
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-        lines.append(f"| {model} | {devices} | {base:.4f} | {versus('sequential')} | {versus('pipedream')} |")
-    return "\n".join(lines)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    panels = [("ops", "mmt", "ops", "ops in the graph (MMT, 4 branches, 32 devices)"),
+              ("ops", "transformer", "ops", "ops in the graph (transformer chain, 32 devices)"),
+              ("devices", "mmt", "devices", "devices (MMT, 4 x 32 layers)")]
+    colors = dict(zip(PLANNERS, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
+    for ax, (sweep, model, x_key, label) in zip(axes, panels):
+        for planner in planners:
+            for granularity, style in zip(GRANULARITIES, ("-", "--")):
+                points = sorted((r[x_key], r["seconds"]) for r in rows
+                                if r["sweep"] == sweep and r["model"] == model and r["planner"] == planner
+                                and r["granularity"] == granularity and "samples_per_s" in r)
+                if points:
+                    ax.plot(*zip(*points), style, marker="o", color=colors[planner],
+                            label=f"{planner} ({granularity})")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(label)
+        ax.set_ylabel("gp.plan seconds (median)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7) if axes[0].lines else None
+    fig.suptitle("Search time: solid = op granularity, dashed = layer granularity (missing: stopped or gave up)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--one":
+        graph_file, costs_file, devices, planner, granularity = sys.argv[2:7]
+        print(json.dumps(one_run(graph_file, costs_file, int(devices), planner, granularity)))
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="mmt,dlrm,candle_uno")
-    parser.add_argument("--devices", default="4,8,16,32")
-    parser.add_argument("--batch", type=int, default=128, help="mini-batch size (default 128)")
+    parser.add_argument("--sweep", choices=("ops", "devices", "both"), default="both")
+    parser.add_argument("--planners", default=",".join(PLANNERS))
     parser.add_argument("--rounds", type=int, default=3, help="runs of every planner per configuration (default 3)")
+    parser.add_argument("--limit", type=float, default=120.0, help="seconds before a run is stopped (default 120)")
+    parser.add_argument("--max-layers", type=int, default=None, help="leave out larger models (a quick look)")
+    parser.add_argument("--max-devices", type=int, default=None, help="leave out more devices (a quick look)")
     parser.add_argument("--out", default=str(HERE / "results.json"))
     args = parser.parse_args()
+    planners = tuple(args.planners.split(","))
+    sweeps = ("ops", "devices") if args.sweep == "both" else (args.sweep,)
+    for sweep in sweeps:
+        SWEEPS[sweep] = [(model, layers, devices) for model, layers, devices in SWEEPS[sweep]
+                         if layers <= (args.max_layers or layers) and devices <= (args.max_devices or devices)]
     rows: list[dict[str, Any]] = []
-    for model in args.models.split(","):
-        zoo = load_model(model, "paper", device="meta")
-        graph = capture(zoo.model, zoo.inputs, name=f"{model}-paper")
-        costs = analytic_costs(graph, "v100-16gb")
-        for num_devices in (int(d) for d in args.devices.split(",")):
-            runs: dict[str, list[dict[str, Any]]] = {planner: [] for planner in PLANNERS}
-            for _ in range(args.rounds):
-                for planner in PLANNERS:
-                    runs[planner].append(measure(graph, costs, num_devices, args.batch, planner))
-            for planner in PLANNERS:
-                row = summarise(model, len(graph), num_devices, planner, runs[planner])
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-    Path(args.out).write_text(json.dumps({"batch": args.batch, "cluster": "summit", "costs": "analytic v100-16gb",
-                                          "rounds": args.rounds, "machine": platform.platform(), "rows": rows},
-                                         indent=1) + "\n")
-    print(table(rows))
-    print()
-    print(quality_table(rows))
+    with tempfile.TemporaryDirectory() as folder:
+        for sweep in sweeps:
+            rows += run_sweep(sweep, planners, args.rounds, args.limit, Path(folder))
+    Path(args.out).write_text(json.dumps({"batch": BATCH, "cluster": "summit", "costs": "analytic v100-16gb",
+                                          "rounds": args.rounds, "limit_s": args.limit,
+                                          "machine": platform.platform(), "rows": rows}, indent=1) + "\n")
+    plot(rows, planners, Path(args.out).with_name("search_time.png"))
+    print(table(rows, planners, args.limit))
 
 
 if __name__ == "__main__":

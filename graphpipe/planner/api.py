@@ -59,9 +59,6 @@ def make_request(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batc
     check_granularity(granularity)
     if global_batch_size < 1:
         raise PlanningError(f"the mini-batch must hold at least 1 sample, got {global_batch_size}")
-    if cluster.num_devices > len(graph):
-        raise PlanningError(f"{cluster.num_devices} devices but the graph has only {len(graph)} ops: "
-                            f"plan for at most {len(graph)} devices")
     if micro_batch_sizes is None:
         sizes = default_micro_batch_sizes(global_batch_size)
     else:

@@ -9,11 +9,15 @@ chain is kept as a candidate too. When no graph pipeline fits in memory, a chain
 (a block of more than 4 branches opens only with a device per group): it is searched
 without a ceiling. For a ranking by simulation (`every_size`) every chain
 candidate of the sequential planner is kept, so graphpipe's candidates include
-`sequential`'s and the simulated winner is never slower than it.
+`sequential`'s and the simulated winner is never slower than it. When the SP tree is itself that
+chain (a model without branches), the second search would repeat the first and is skipped; a
+stage list both searches find is kept once, as the graph pipeline (its edges are the tensors that
+cross, without the chain's added links).
 """
 
 from __future__ import annotations
 
+from graphpipe.graph.sp import SPChain, SPLeaf
 from graphpipe.planner.per_stage import refine_micro_batches
 from graphpipe.planner.request import PlanRequest
 from graphpipe.planner.sp_dp import partition_sp
@@ -26,11 +30,20 @@ def plan_graphpipe(request: PlanRequest) -> list[Partition]:
     partitions = [Partition(stages=tuple(stages)) for plans in found.values() for stages in plans]
     best = min((max(model.stage_cost(s.ops, s.num_devices, s.micro_batch_size).tps_ms for s in plans[0])
                 for plans in found.values() if plans), default=None)
-    # no graph pipeline fits (memory): a chain may still, so it is searched without a ceiling
-    ceiling = None if request.every_size or best is None else best * (1 - 1e-9)
-    chains = partition_sp(model, request.chain_tree, request.num_devices, sizes, limit, ceiling_ms=ceiling,
-                          every_size=request.every_size)
-    partitions += [Partition(stages=tuple(stages), sequential=True) for plans in chains.values() for stages in plans]
+    if not _is_the_chain(request.sp_tree, request.chain_tree):
+        # no graph pipeline fits (memory): a chain may still, so it is searched without a ceiling
+        ceiling = None if request.every_size or best is None else best * (1 - 1e-9)
+        chains = partition_sp(model, request.chain_tree, request.num_devices, sizes, limit, ceiling_ms=ceiling,
+                              every_size=request.every_size)
+        seen = {partition.stages for partition in partitions}
+        partitions += [Partition(stages=tuple(stages), sequential=True) for plans in chains.values()
+                       for stages in plans if tuple(stages) not in seen]
     if request.per_stage_micro_batch:
         partitions += [refine_micro_batches(model, p, sizes, limit) for p in partitions]
     return partitions
+
+
+def _is_the_chain(tree: SPChain, chain: SPChain) -> bool:
+    """True when the SP tree has no parallel block and the same leaves as the linearised chain."""
+    return all(isinstance(item, SPLeaf) for item in tree.items) and \
+        [item.ops for item in tree.items] == [item.ops for item in chain.items]

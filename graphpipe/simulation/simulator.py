@@ -55,20 +55,54 @@ def simulate(plan: Plan, costs: CostTable, cluster: Cluster | None = None,
 
 
 def iteration_lower_bound_s(plan: Plan, costs: CostTable, cluster: Cluster | None = None) -> float:
-    """No schedule simulates the iteration in less time: a stage runs the forward and the backward of
+    """No schedule simulates the iteration in less time. A stage runs the forward and the backward of
     every micro-batch, its all-reduce and its optimizer step one after another on its stream, with
-    `simulate`'s durations, whatever it waits for. Cheap next to `simulate` (no schedule is run), so
-    a ranking can skip the plans whose bound is above the best iteration found."""
+    `simulate`'s durations, whatever it waits for; it cannot start before one micro-batch has gone
+    forward through every stage upstream of it (the fill), and after its last backward, that
+    micro-batch's gradient still goes back through them, each then reducing and stepping (the drain).
+    Transfers are left out, so the bound holds on any network. Cheap next to `simulate` (no schedule
+    is run), so a ranking can skip the plans whose bound is above the best iteration found."""
     cluster = cluster or _plan_cluster(plan)
     per_stage = stage_costs(plan, costs, cluster.device)
-    busiest = 0.0
+    finish_ms = {}
     for stage in plan.stages:
         cost = per_stage[stage.idx]
         reduce_ms = stage_all_reduce_ms(cluster, tuple(range(plan.world_size)), stage.ranks,
                                         cost.data_parallel_bytes, cost.shared_reduce_bytes)
-        busy = _compute_ms(plan, per_stage, stage.idx) + reduce_ms + optimizer_step_ms(cluster, cost.param_bytes)
-        busiest = max(busiest, busy)
-    return busiest / 1e3
+        finish_ms[stage.idx] = reduce_ms + optimizer_step_ms(cluster, cost.param_bytes)
+    fill, drain = _fill_ms(plan, per_stage), _drain_ms(plan, per_stage, finish_ms)
+    return max(fill[idx] + _compute_ms(plan, per_stage, idx) + drain[idx] for idx in fill) / 1e3
+
+
+def _fill_ms(plan: Plan, per_stage: dict[int, StageCost]) -> dict[int, float]:
+    """The longest chain of single forwards upstream of each stage."""
+    fill: dict[int, float] = {}
+    for idx in _topological(plan):
+        fill[idx] = max((fill[p] + per_stage[p].fwd_ms for p in plan.predecessors[idx]), default=0.0)
+    return fill
+
+
+def _drain_ms(plan: Plan, per_stage: dict[int, StageCost], finish_ms: dict[int, float]) -> dict[int, float]:
+    """After a stage's last backward: its own all-reduce and step, or the longest chain of single backwards
+    upstream, each followed by that stage's all-reduce and step, whichever is longer."""
+    drain: dict[int, float] = {}
+    for idx in _topological(plan):
+        drain[idx] = max([finish_ms[idx]] + [per_stage[p].bwd_ms + drain[p] for p in plan.predecessors[idx]])
+    return drain
+
+
+def _topological(plan: Plan) -> list[int]:
+    order: list[int] = []
+    indegree = {stage.idx: len(plan.predecessors[stage.idx]) for stage in plan.stages}
+    ready = [idx for idx, degree in indegree.items() if degree == 0]
+    while ready:
+        idx = ready.pop()
+        order.append(idx)
+        for succ in plan.successors[idx]:
+            indegree[succ] -= 1
+            if indegree[succ] == 0:
+                ready.append(succ)
+    return order
 
 
 def _plan_cluster(plan: Plan) -> Cluster:

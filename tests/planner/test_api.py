@@ -37,10 +37,14 @@ def test_unknown_planner() -> None:
         plan_candidates(graph, make_costs(graph), make_cluster(2), 4, planner="nope")
 
 
-def test_more_devices_than_ops() -> None:
+@pytest.mark.parametrize("planner", sorted(set(PLANNERS) - {"exhaustive"}))
+def test_more_devices_than_ops_go_to_data_parallelism(planner: str) -> None:
+    """Two ops on 16 devices: every planner gives the stages several data-parallel devices each (small
+    weights, so more devices pay), and the plans validate (`plan_candidates` checks them)."""
     graph = chain_graph(2)
-    with pytest.raises(PlanningError, match="8 devices but the graph has only 4 ops"):
-        plan_candidates(graph, make_costs(graph), make_cluster(8), 4)
+    costs = make_costs(graph, param_bytes=1 << 10)
+    best = plan_candidates(graph, costs, make_cluster(16), 64, planner=planner)[0]
+    assert best.world_size > len(graph.ops) and max(s.data_parallel_degree for s in best.stages) > 1
 
 
 def test_batch_not_divisible() -> None:

@@ -29,8 +29,8 @@ from graphpipe.graph.op_graph import OpGraph
 from graphpipe.planner.api import plan_candidates
 from graphpipe.planner.granularity import boundary_blocks, check_granularity, refine_limit
 from graphpipe.planner.notes import batch_coupling_notes
-from graphpipe.planner.stage_graph import Plan
-from graphpipe.planner.validate import check_runtime_rules
+from graphpipe.stages.stage_graph import Plan
+from graphpipe.stages.validate import check_runtime_rules
 
 if TYPE_CHECKING:
     from graphpipe.simulation.result import SimResult

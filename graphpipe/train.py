@@ -27,8 +27,8 @@ import torch.distributed as dist
 
 from graphpipe.errors import GraphPipeError, TrainingError
 from graphpipe.model_inputs import ModelInputs
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.runtime.batch_norm import BATCH_NORM_MODES
+from graphpipe.stages.stage_graph import Plan
 
 AUTOCAST: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
 ACTIVATION_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # what the cost model counts activations in

@@ -6,8 +6,8 @@ import pytest
 
 import graphpipe as gp
 from graphpipe.errors import PlanningError
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.planning import plan
+from graphpipe.stages.stage_graph import Plan
 from tests.planner.factories import branches_graph, make_cluster, make_costs
 
 

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from graphpipe.planner.stage_graph import Plan
+from graphpipe.stages.stage_graph import Plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from calibrate_host import measure_executor_overheads, measure_link, measure_overheads

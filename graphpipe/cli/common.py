@@ -15,7 +15,7 @@ from graphpipe.errors import ModelLoadError, PlanValidationError, UsageError
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.models import ZOO_NAMES, ZooModel, load_model
 from graphpipe.models.user_factory import is_file_spec
-from graphpipe.planner.stage_graph import Plan
+from graphpipe.stages.stage_graph import Plan
 
 USAGE_EXIT = 2  # what argparse exits with on a bad command line; our own usage errors do the same
 
@@ -141,7 +141,7 @@ def check_plan_fits_graph(plan: Plan, graph: OpGraph, plan_path: str) -> None:
     """UsageError unless the plan covers `graph` as the runtime and the simulator need (`validate_structure`:
     the in-flight counts and memory are the planner's predictions, not a contract, so a hand-made plan may
     differ there)."""
-    from graphpipe.planner.validate import validate_structure
+    from graphpipe.stages.validate import validate_structure
 
     try:
         validate_structure(plan, graph)

@@ -16,7 +16,7 @@ from graphpipe.cli.common import (
     print_json,
 )
 from graphpipe.planner.api import PLANNER_NAMES
-from graphpipe.planner.stage_graph import Plan
+from graphpipe.stages.stage_graph import Plan
 
 
 def add_parser(subparsers: Any) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from graphpipe.cli.common import format_bytes, print_json
 from graphpipe.cli.simulate_cmd import SCHEDULES, format_table
-from graphpipe.planner.stage_graph import Plan
+from graphpipe.stages.stage_graph import Plan
 
 
 def add_parser(subparsers: Any) -> None:

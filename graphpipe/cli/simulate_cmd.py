@@ -17,8 +17,8 @@ from graphpipe.cli.common import format_bytes, positive_int, print_json
 from graphpipe.cost.cluster import Cluster
 from graphpipe.cost.cost_table import CostTable
 from graphpipe.errors import ModelLoadError, UsageError
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.simulation.result import SimResult
+from graphpipe.stages.stage_graph import Plan
 
 SCHEDULES = ("1f1b", "gpipe", "kfkb")
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from graphpipe.cli.common import add_granularity_arg, format_bytes, positive_int, print_json
 from graphpipe.errors import TrainingError, UsageError
-from graphpipe.planner.stage_graph import Plan
+from graphpipe.stages.stage_graph import Plan
 
 FORWARDED = ("model", "preset", "steps", "schedule", "lr", "seed", "checkpoint_dir", "save_every", "trace",
              "timeout", "threads", "dtype", "init", "weights", "optimizer", "batch_norm")

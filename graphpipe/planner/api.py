@@ -24,11 +24,11 @@ from graphpipe.planner.baselines.sequential import plan_sequential
 from graphpipe.planner.build import build_plan
 from graphpipe.planner.granularity import boundary_blocks, check_granularity, refine_limit
 from graphpipe.planner.graphpipe_planner import plan_graphpipe
-from graphpipe.planner.memory import static_memory_bytes
 from graphpipe.planner.request import PlanRequest
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.planner.stage_spec import Partition
-from graphpipe.planner.validate import validate_plan
+from graphpipe.stages.memory import static_memory_bytes
+from graphpipe.stages.stage_graph import Plan
+from graphpipe.stages.validate import validate_plan
 
 PlannerFn = Callable[[PlanRequest], list[Partition]]
 

@@ -14,12 +14,13 @@ from typing import Any
 from graphpipe.errors import PlanningError
 from graphpipe.graph.op_graph import FREE_KINDS, OpGraph
 from graphpipe.graph.toposort import priority_topological_order
-from graphpipe.planner.in_flight import in_flight_samples
-from graphpipe.planner.memory import stage_memory_bytes
 from graphpipe.planner.placement import place
-from graphpipe.planner.stage_cost import CostModel, crossing_tensors
-from graphpipe.planner.stage_graph import Plan, Stage, StageEdge
+from graphpipe.planner.stage_cost import CostModel
 from graphpipe.planner.stage_spec import Partition, StageSpec
+from graphpipe.stages.crossing import crossing_tensors
+from graphpipe.stages.in_flight import in_flight_samples
+from graphpipe.stages.memory import stage_memory_bytes
+from graphpipe.stages.stage_graph import Plan, Stage, StageEdge
 
 
 def _topological(specs: tuple[StageSpec, ...], index_of: dict[str, int],

@@ -26,7 +26,7 @@ import math
 from graphpipe.errors import PlanningError
 from graphpipe.graph.layers import LayerBlock, layer_blocks
 from graphpipe.graph.op_graph import OpGraph
-from graphpipe.planner.stage_graph import Plan
+from graphpipe.stages.stage_graph import Plan
 
 GRANULARITIES = ("op", "layer", "auto")
 MIN_OPENED = 8  # "auto" may open this many blocks however few the model has (a quarter of them otherwise)

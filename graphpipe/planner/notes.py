@@ -9,7 +9,7 @@ would, so the planner says so.
 from __future__ import annotations
 
 from graphpipe.graph.op_graph import OpGraph, OpNode
-from graphpipe.planner.stage_graph import Plan
+from graphpipe.stages.stage_graph import Plan
 
 __all__ = ["batch_coupled_ops", "batch_coupling_notes"]
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from graphpipe.planner.in_flight import in_flight_samples
-from graphpipe.planner.memory import stage_memory_bytes
-from graphpipe.planner.stage_cost import CostModel, crossing_tensors
+from graphpipe.planner.stage_cost import CostModel
 from graphpipe.planner.stage_spec import Partition, StageSpec
+from graphpipe.stages.crossing import crossing_tensors
+from graphpipe.stages.in_flight import in_flight_samples
+from graphpipe.stages.memory import stage_memory_bytes
 
 
 def refine_micro_batches(model: CostModel, partition: Partition, sizes: Sequence[int],

@@ -17,7 +17,7 @@ iteration; spread over the B samples of the mini-batch:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from graphpipe.cost.cluster import Cluster, Link
@@ -144,13 +144,3 @@ def tied_param_bytes(graph: OpGraph) -> dict[str, int]:
                 for reader in param.shared_with:
                     extra[reader] = extra.get(reader, 0) + param.num_bytes
     return extra
-
-
-def crossing_tensors(graph: OpGraph, stage_of: Mapping[str, int]) -> dict[tuple[int, int], tuple[str, ...]]:
-    """(src stage, dst stage) -> producer ops whose outputs cross, in topological order."""
-    found: dict[tuple[int, int], dict[str, None]] = {}
-    for src, dst in graph.data_edges():
-        a, b = stage_of[src], stage_of[dst]
-        if a != b:
-            found.setdefault((a, b), {})[src] = None
-    return {key: tuple(sorted(names, key=graph.index)) for key, names in found.items()}

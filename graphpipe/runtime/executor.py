@@ -22,12 +22,12 @@ from typing import Any
 import torch
 
 from graphpipe.errors import TrainingError
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.runtime.comm import Transport
 from graphpipe.runtime.lowering import Piece, message_pieces, share
 from graphpipe.runtime.shared_grads import SharedGrads
 from graphpipe.runtime.stage_module import MODEL_OUTPUT, StageModule
 from graphpipe.schedule.action import Action, ActionKind
+from graphpipe.stages.stage_graph import Plan
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 _DTYPES: tuple[torch.dtype, ...] = (

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from graphpipe.planner.stage_graph import Plan, Stage
 from graphpipe.schedule.messages import message_samples
+from graphpipe.stages.stage_graph import Plan, Stage
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

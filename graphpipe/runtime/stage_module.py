@@ -31,7 +31,7 @@ from torch import nn
 from graphpipe.errors import TrainingError
 from graphpipe.graph.capture import CapturedModule, hold_tensors
 from graphpipe.graph.replication import is_inplace_name
-from graphpipe.planner.stage_graph import Plan
+from graphpipe.stages.stage_graph import Plan
 
 MODEL_OUTPUT = "__model_output__"
 _FREE_OPS = ("placeholder", "get_attr")

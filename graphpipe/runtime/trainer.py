@@ -24,7 +24,6 @@ from graphpipe.errors import GraphCaptureError, ScheduleError, TrainingError
 from graphpipe.graph.capture import CapturedModule, capture_module
 from graphpipe.graph.prune import prune_graph
 from graphpipe.graph.tracer import trace_module
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.runtime.batch_norm import prepare_batch_norm
 from graphpipe.runtime.checkpoint import load_stage, save_stage
 from graphpipe.runtime.comm import DistTransport, Transport
@@ -34,6 +33,7 @@ from graphpipe.runtime.shared_grads import SharedGrads
 from graphpipe.runtime.stage_module import StageModule, split_stages
 from graphpipe.schedule.action import Action, ActionKind
 from graphpipe.schedule.schedule import Schedule
+from graphpipe.stages.stage_graph import Plan
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from graphpipe.errors import ScheduleError
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.schedule.gpipe import make_gpipe
 from graphpipe.schedule.kfkb import make_kfkb
 from graphpipe.schedule.one_f_one_b import make_one_f_one_b
 from graphpipe.schedule.schedule import Schedule
+from graphpipe.stages.stage_graph import Plan
 
 GENERATORS: dict[str, Callable[[Plan], Schedule]] = {
     "1f1b": make_one_f_one_b,

@@ -13,10 +13,10 @@ Every stage keeps all of its micro-batches in flight, so memory grows with their
 
 from __future__ import annotations
 
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.schedule.action import Action, B, F
 from graphpipe.schedule.lower_comm import lower_comm
 from graphpipe.schedule.schedule import Schedule
+from graphpipe.stages.stage_graph import Plan
 
 
 def gpipe_order(stage: int, num_micro_batches: int) -> tuple[Action, ...]:

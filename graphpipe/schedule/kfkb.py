@@ -16,11 +16,11 @@ sizes everywhere kFkB is 1F1B.
 
 from __future__ import annotations
 
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.schedule.lower_comm import lower_comm
 from graphpipe.schedule.one_f_one_b import compute_order
 from graphpipe.schedule.schedule import Schedule
 from graphpipe.schedule.warmup import warmup_counts
+from graphpipe.stages.stage_graph import Plan
 
 
 def group_size(plan: Plan, stage_idx: int) -> int:

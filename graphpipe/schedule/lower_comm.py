@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.schedule.action import Action, ActionKind
 from graphpipe.schedule.messages import messages_of
 from graphpipe.schedule.schedule import Schedule
+from graphpipe.stages.stage_graph import Plan
 
 
 def lower_comm(plan: Plan, compute: Mapping[int, Sequence[Action]], kind: str) -> Schedule:

@@ -8,7 +8,7 @@ covers messages m*b/g .. (m+1)*b/g - 1. See `graphpipe.schedule.action` for the 
 from __future__ import annotations
 
 from graphpipe.errors import ScheduleError
-from graphpipe.planner.stage_graph import Plan
+from graphpipe.stages.stage_graph import Plan
 
 
 def message_samples(plan: Plan, src: int, dst: int) -> int:

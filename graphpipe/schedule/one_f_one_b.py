@@ -19,11 +19,11 @@ With per-stage micro-batch sizes the same order runs on each stage in its own nu
 
 from __future__ import annotations
 
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.schedule.action import Action, B, F
 from graphpipe.schedule.lower_comm import lower_comm
 from graphpipe.schedule.schedule import Schedule
 from graphpipe.schedule.warmup import warmup_counts
+from graphpipe.stages.stage_graph import Plan
 
 
 def compute_order(stage: int, num_micro_batches: int, warmup: int, group: int = 1) -> tuple[Action, ...]:

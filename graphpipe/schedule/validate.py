@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections import defaultdict
 
 from graphpipe.errors import ScheduleError
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.schedule.action import Action, ActionKind
 from graphpipe.schedule.grid import format_grid
 from graphpipe.schedule.messages import messages_of, micro_batch_of, num_messages
 from graphpipe.schedule.schedule import Schedule
+from graphpipe.stages.stage_graph import Plan
 
 _COMPUTE_OF = {ActionKind.RECV_ACT: ActionKind.FORWARD, ActionKind.SEND_ACT: ActionKind.FORWARD,
                ActionKind.RECV_GRAD: ActionKind.BACKWARD, ActionKind.SEND_GRAD: ActionKind.BACKWARD}

@@ -1,6 +1,6 @@
 """Warm-up counts: how many forwards a stage runs before its first backward (docs/method.md §3, §5).
 
-The in-flight rule is the planner's (`graphpipe.planner.in_flight`), walked from the sink
+The in-flight rule is the planner's (`graphpipe.stages.in_flight`), walked from the sink
 back to the sources: the sink keeps one micro-batch (n = b); any other stage keeps
 n_i = max over successors j of (n_j + max(b_i, b_j)), rounded up to whole micro-batches
 and at most the mini-batch. The warm-up is n_i / b_i forwards (rounded up, for plans
@@ -10,8 +10,8 @@ that records its in-flight samples is followed as recorded.
 
 from __future__ import annotations
 
-from graphpipe.planner.in_flight import in_flight_samples
-from graphpipe.planner.stage_graph import Plan
+from graphpipe.stages.in_flight import in_flight_samples
+from graphpipe.stages.stage_graph import Plan
 
 
 def in_flight_rule(plan: Plan) -> dict[int, int]:

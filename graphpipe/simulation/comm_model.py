@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from graphpipe.cost.cluster import Cluster
-from graphpipe.planner.stage_graph import Stage
+from graphpipe.stages.stage_graph import Stage
 
 ADAM_PASSES = 7  # bytes moved per parameter byte by one Adam step
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 
 from graphpipe.cost.cluster import Cluster
-from graphpipe.planner.stage_graph import Plan
+from graphpipe.stages.stage_graph import Plan
 
 Slot = tuple[int, int]  # (stage, position in its list)
 

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 from graphpipe.cost.cluster import Cluster
 from graphpipe.errors import ScheduleError
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.schedule.action import Action, ActionKind
 from graphpipe.schedule.grid import format_grid
 from graphpipe.schedule.messages import message_samples
@@ -33,6 +32,7 @@ from graphpipe.simulation.comm_model import message_ms, optimizer_step_ms, stage
 from graphpipe.simulation.cores import CorePool, cores_are_shared
 from graphpipe.simulation.result import Event
 from graphpipe.simulation.stage_cost import StageCost
+from graphpipe.stages.stage_graph import Plan
 
 _KIND_NAMES = {ActionKind.FORWARD: "forward", ActionKind.BACKWARD: "backward", ActionKind.SEND_ACT: "send",
                ActionKind.SEND_GRAD: "send", ActionKind.RECV_ACT: "recv", ActionKind.RECV_GRAD: "recv",

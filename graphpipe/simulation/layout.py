@@ -7,7 +7,7 @@ one column. Within a column stages are ordered by the mean row of their predeces
 
 from __future__ import annotations
 
-from graphpipe.planner.stage_graph import Plan
+from graphpipe.stages.stage_graph import Plan
 
 
 def stage_depths(plan: Plan) -> dict[int, int]:

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from graphpipe.cost.cluster import Cluster
 from graphpipe.cost.cost_table import CostTable
 from graphpipe.errors import ClusterError
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.schedule.generate import make_schedule
 from graphpipe.schedule.schedule import Schedule
 from graphpipe.schedule.validate import validate_schedule
@@ -22,6 +21,7 @@ from graphpipe.simulation.engine import Run, run_schedule
 from graphpipe.simulation.memory import peak_live_micro_batches, static_bytes
 from graphpipe.simulation.result import SimResult, Timeline
 from graphpipe.simulation.stage_cost import StageCost, stage_costs
+from graphpipe.stages.stage_graph import Plan
 
 
 def simulate(plan: Plan, costs: CostTable, cluster: Cluster | None = None,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from graphpipe.cost.cluster import Device
 from graphpipe.cost.cost_table import CostTable
-from graphpipe.planner.stage_graph import Plan, Stage
+from graphpipe.stages.stage_graph import Plan, Stage
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,8 +12,8 @@ import os
 from collections import Counter
 
 from graphpipe.graph.op_graph import OpGraph
-from graphpipe.planner.stage_graph import Plan, Stage
 from graphpipe.simulation.layout import layered_positions
+from graphpipe.stages.stage_graph import Plan, Stage
 
 BOX_W, BOX_H = 0.64, 0.72  # in column / row units
 COL_IN, ROW_IN = 3.6, 1.35  # inches per column / row

@@ -18,8 +18,8 @@ import torch
 import graphpipe.runtime.launch as launch_module
 from graphpipe.cli import main as cli_main
 from graphpipe.models import load_model
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.runtime.launch import LaunchResult, Stopped
+from graphpipe.stages.stage_graph import Plan
 from tests.runtime.helpers import by_target, plan_from
 from tests.simulation.factories import diamond, make_costs
 

@@ -9,7 +9,7 @@ import pytest
 
 import graphpipe.cli.plan_cmd as plan_cmd
 from graphpipe.cli.main import main
-from graphpipe.planner.stage_graph import Plan
+from graphpipe.stages.stage_graph import Plan
 from tests.cli.run_command import run_command
 
 

@@ -10,8 +10,8 @@ import pytest
 import graphpipe.cli.show_cmd as show_cmd
 import graphpipe.cli.simulate_cmd as simulate_cmd
 from graphpipe.errors import ModelLoadError
-from graphpipe.planner.stage_graph import Plan, Stage, StageEdge
 from graphpipe.simulation.simulator import simulate
+from graphpipe.stages.stage_graph import Plan, Stage, StageEdge
 from tests.cli.run_command import run_command
 from tests.simulation.factories import diamond, make_cluster, make_costs
 

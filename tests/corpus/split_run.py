@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from graphpipe.graph.capture import CapturedModule
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.runtime.stage_module import MODEL_OUTPUT, split_stages
+from graphpipe.stages.stage_graph import Plan
 
 
 def split_forward_backward(captured: CapturedModule, plan: Plan, inputs: Any,

@@ -11,7 +11,7 @@ import torch
 import graphpipe as gp
 from graphpipe.graph.capture import capture_module
 from graphpipe.model_inputs import as_model_inputs
-from graphpipe.planner.validate import check_runtime_rules, validate_plan
+from graphpipe.stages.validate import check_runtime_rules, validate_plan
 from tests.corpus.models import BATCH, CORPUS, CorpusModel
 from tests.corpus.split_run import split_forward_backward
 

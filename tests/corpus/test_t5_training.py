@@ -16,11 +16,11 @@ from graphpipe.graph.capture import capture_module
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.planner.build import build_plan
 from graphpipe.planner.stage_cost import CostModel
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.planner.stage_spec import Partition, StageSpec
-from graphpipe.planner.validate import check_runtime_rules, validate_plan
 from graphpipe.runtime.comm import InMemoryHub
 from graphpipe.runtime.trainer import PipelineTrainer
+from graphpipe.stages.stage_graph import Plan
+from graphpipe.stages.validate import check_runtime_rules, validate_plan
 from tests.corpus.models import BATCH, CORPUS
 from tests.runtime.helpers import max_relative_error, run_threads
 

@@ -6,7 +6,7 @@ import pytest
 
 from graphpipe.errors import PlanningError
 from graphpipe.planner.api import PLANNERS, default_micro_batch_sizes, plan_candidates
-from graphpipe.planner.stage_graph import Plan
+from graphpipe.stages.stage_graph import Plan
 from tests.planner.factories import GiB, branches_graph, chain_graph, make_cluster, make_costs
 
 

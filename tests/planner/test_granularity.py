@@ -25,9 +25,9 @@ from graphpipe.models import load_model
 from graphpipe.planner.api import make_request, plan_candidates
 from graphpipe.planner.baselines.exhaustive import plan_exhaustive
 from graphpipe.planner.granularity import boundary_blocks
-from graphpipe.planner.stage_graph import Plan
-from graphpipe.planner.validate import check_runtime_rules, validate_plan
 from graphpipe.planning import plan
+from graphpipe.stages.stage_graph import Plan
+from graphpipe.stages.validate import check_runtime_rules, validate_plan
 from tests.cli.run_command import run_command
 from tests.planner.factories import chain_graph, make_cluster, make_costs
 

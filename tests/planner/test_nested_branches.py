@@ -26,7 +26,7 @@ from graphpipe.planner.build import build_plan
 from graphpipe.planner.sp_dp import TOLERANCE, Probe, Search, build_tables, partition_sp
 from graphpipe.planner.stage_cost import CostModel
 from graphpipe.planner.stage_spec import Partition, StageSpec
-from graphpipe.planner.validate import validate_plan
+from graphpipe.stages.validate import validate_plan
 from tests.planner.factories import make_cluster, make_costs, make_graph
 
 MODELS = Path(__file__).resolve().parents[2] / "benchmarks" / "nested_branches" / "models.py"

@@ -12,9 +12,9 @@ from graphpipe.graph.op_graph import OpGraph
 from graphpipe.planner.api import make_request, plan_candidates
 from graphpipe.planner.baselines.exhaustive import plan_exhaustive
 from graphpipe.planner.sp_dp import TOLERANCE, divisors_up_to, partition_sp
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.planner.stage_spec import StageSpec
-from graphpipe.planner.validate import validate_plan
+from graphpipe.stages.stage_graph import Plan
+from graphpipe.stages.validate import validate_plan
 from tests.planner.factories import GiB, branches_graph, chain_graph, make_cluster, make_costs
 from tests.planner.sp_graphs import sp_graphs
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from graphpipe.planner.api import plan_candidates
-from graphpipe.planner.validate import validate_plan
+from graphpipe.stages.validate import validate_plan
 from tests.planner.factories import GiB, chain_graph, make_cluster, make_costs
 
 

@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, settings
 
 from graphpipe.errors import PlanningError
 from graphpipe.planner.api import plan_candidates
-from graphpipe.planner.stage_graph import Plan
-from graphpipe.planner.validate import validate_plan
+from graphpipe.stages.stage_graph import Plan
+from graphpipe.stages.validate import validate_plan
 from tests.planner.convex_partitions import (
     Expressible,
     Partition,

@@ -12,7 +12,7 @@ import torch.fx
 from torch import nn
 
 from graphpipe.graph.tracer import trace_module
-from graphpipe.planner.stage_graph import Plan, Stage, StageEdge
+from graphpipe.stages.stage_graph import Plan, Stage, StageEdge
 
 
 class Chain(nn.Module):

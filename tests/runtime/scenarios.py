@@ -13,7 +13,7 @@ import torch.fx
 from torch import nn
 
 from graphpipe.model_inputs import as_model_inputs
-from graphpipe.planner.stage_graph import Plan
+from graphpipe.stages.stage_graph import Plan
 from tests.runtime.helpers import Branches, Chain, TwoInputs, by_target, plan_from
 
 LR = 1e-2

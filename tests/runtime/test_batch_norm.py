@@ -22,11 +22,11 @@ from torch import nn
 from graphpipe.errors import TrainingError
 from graphpipe.graph.capture import capture_module
 from graphpipe.graph.tracer import trace_module
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.runtime.batch_norm import PipelineBatchNorm, _SyncBatchNormFn, prepare_batch_norm
 from graphpipe.runtime.comm import InMemoryHub
 from graphpipe.runtime.stage_module import StageModule, StageSpec, split_stages
 from graphpipe.runtime.trainer import PipelineTrainer
+from graphpipe.stages.stage_graph import Plan
 from tests.runtime.helpers import by_target, plan_from, run_threads
 
 LR = 0.1

@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
-from graphpipe.planner.stage_graph import Plan, Stage, StageEdge
 from graphpipe.runtime.lowering import blocks, message_pieces, share
 from graphpipe.schedule.messages import num_messages
+from graphpipe.stages.stage_graph import Plan, Stage, StageEdge
 
 
 def _plan(src_ranks: int, src_b: int, dst_ranks: int, dst_b: int, batch: int = 8) -> Plan:

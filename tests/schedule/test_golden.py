@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.schedule.generate import make_schedule
 from graphpipe.schedule.schedule import Schedule
+from graphpipe.stages.stage_graph import Plan
 from tests.simulation.factories import diamond, make_plan
 
 GOLDEN = Path(__file__).parent / "golden"

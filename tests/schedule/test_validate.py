@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from graphpipe.errors import ScheduleError
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.schedule.action import Action
 from graphpipe.schedule.generate import make_schedule
 from graphpipe.schedule.schedule import Schedule
 from graphpipe.schedule.validate import validate_schedule
+from graphpipe.stages.stage_graph import Plan
 from tests.simulation.factories import chain, diamond, fan, make_plan
 
 PLANS = {

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 from graphpipe.cost.cluster import Cluster, Device, Link
 from graphpipe.cost.cost_table import CostTable, OpCost
-from graphpipe.planner.in_flight import in_flight_samples
-from graphpipe.planner.stage_graph import Plan, Stage, StageEdge
+from graphpipe.stages.in_flight import in_flight_samples
+from graphpipe.stages.stage_graph import Plan, Stage, StageEdge
 
 GiB = 2**30
 

@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from graphpipe.cost.cluster import Cluster
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.simulation.cores import cores_are_shared
 from graphpipe.simulation.result import SimResult
 from graphpipe.simulation.simulator import simulate
+from graphpipe.stages.stage_graph import Plan
 from tests.simulation.factories import chain, diamond, fan, make_cluster, make_costs, make_plan
 
 

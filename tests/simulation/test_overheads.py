@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from graphpipe.planner.stage_graph import Plan, StageEdge
 from graphpipe.simulation.simulator import simulate
+from graphpipe.stages.stage_graph import Plan, StageEdge
 from tests.simulation.factories import chain, make_cluster, make_costs
 
 

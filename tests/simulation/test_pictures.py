@@ -73,8 +73,8 @@ def test_skip_edges_are_drawn(tmp_path: Path) -> None:
 
 def test_op_kinds_come_from_the_graph_modules_first(tmp_path: Path) -> None:
     from graphpipe.graph.op_graph import OpGraph, OpNode
-    from graphpipe.planner.stage_graph import Plan, Stage
     from graphpipe.simulation.stage_picture import _op_kinds
+    from graphpipe.stages.stage_graph import Plan, Stage
 
     ops = (OpNode(name="x", kind="placeholder", target="x"),
            OpNode(name="fc1", kind="call_module", target="fc1", inputs=("x",), module_type="Linear"),

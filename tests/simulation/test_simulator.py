@@ -9,14 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from graphpipe.errors import ClusterError, ScheduleError
-from graphpipe.planner.memory import stage_memory_bytes
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.schedule.action import Action
 from graphpipe.schedule.generate import make_schedule
 from graphpipe.schedule.schedule import Schedule
 from graphpipe.schedule.validate import validate_schedule
 from graphpipe.simulation.result import SimResult
 from graphpipe.simulation.simulator import simulate
+from graphpipe.stages.memory import stage_memory_bytes
+from graphpipe.stages.stage_graph import Plan
 from tests.simulation.factories import GiB, chain, diamond, fan, make_cluster, make_costs, make_plan
 
 F_MS, B_MS = 1.5, 2.5  # per sample

@@ -17,11 +17,11 @@ import numpy as np
 
 from graphpipe.errors import PlanningError
 from graphpipe.planner.baselines.chain_dp import empty, in_flight_cap, relax
-from graphpipe.planner.memory import OPTIMIZER_STATE_FACTOR
 from graphpipe.planner.request import PlanRequest
 from graphpipe.planner.sp_dp import ChainInfo, divisors_up_to
 from graphpipe.planner.stage_cost import p2p_ms
 from graphpipe.planner.stage_spec import Partition, StageSpec
+from graphpipe.stages.memory import OPTIMIZER_STATE_FACTOR
 
 DEFAULT_TIME_LIMIT_S = 600.0
 

@@ -22,13 +22,13 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from graphpipe.graph.sp import SPChain
-from graphpipe.planner.memory import OPTIMIZER_STATE_FACTOR
 from graphpipe.planner.sp_dp.fork_join import Shapes
 from graphpipe.planner.sp_dp.probe import Probe
 from graphpipe.planner.sp_dp.size_tables import ChainConstants, SegmentOffers, SizeTables
 from graphpipe.planner.sp_dp.tables import ChainInfo, ChainTables, ParInfo, build_tables
 from graphpipe.planner.stage_cost import CostModel
 from graphpipe.planner.stage_spec import StageSpec
+from graphpipe.stages.memory import OPTIMIZER_STATE_FACTOR
 
 TOLERANCE = 1e-3
 COARSE_TOLERANCE = 5e-2

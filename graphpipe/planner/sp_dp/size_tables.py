@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphpipe.planner.memory import OPTIMIZER_STATE_FACTOR, max_in_flight_micro_batches
 from graphpipe.planner.sp_dp.tables import ChainInfo, ParInfo
 from graphpipe.planner.stage_cost import CostModel, StageCost, all_reduce_link, p2p_ms
+from graphpipe.stages.memory import OPTIMIZER_STATE_FACTOR, max_in_flight_micro_batches
 
 
 def divisors_up_to(value: int, limit: int) -> tuple[int, ...]:

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from graphpipe.planner.in_flight import chain_in_flight, held_samples, in_flight_samples
-from graphpipe.planner.stage_graph import Plan
 from graphpipe.simulation.simulator import simulate
+from graphpipe.stages.in_flight import chain_in_flight, held_samples, in_flight_samples
+from graphpipe.stages.stage_graph import Plan
 from tests.simulation.factories import make_costs, make_plan
 
 

@@ -7,12 +7,12 @@
 
 `act_bytes` of one micro-batch on one device is the cost table read at micro_batch_size / d
 samples, so in-flight samples are shared over the d data-parallel devices. A stage holds
-whole micro-batches and never more than the mini-batch (`graphpipe.planner.in_flight`).
+whole micro-batches and never more than the mini-batch (`graphpipe.stages.in_flight`).
 """
 
 from __future__ import annotations
 
-from graphpipe.planner.in_flight import held_samples
+from graphpipe.stages.in_flight import held_samples
 
 OPTIMIZER_STATE_FACTOR = 4  # weights + gradients + Adam first and second moments, all fp32
 UNBOUNDED = 1 << 30  # "any number of micro-batches fits"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from graphpipe.planner.api import plan_candidates
-from graphpipe.planner.memory import (
+from graphpipe.stages.memory import (
     OPTIMIZER_STATE_FACTOR,
     UNBOUNDED,
     max_in_flight_micro_batches,

@@ -8,8 +8,8 @@ import pytest
 
 from graphpipe.errors import PlanValidationError
 from graphpipe.planner.api import plan_candidates
-from graphpipe.planner.stage_graph import Plan, Stage, StageEdge
-from graphpipe.planner.validate import validate_plan
+from graphpipe.stages.stage_graph import Plan, Stage, StageEdge
+from graphpipe.stages.validate import validate_plan
 from tests.planner.factories import branches_graph, make_cluster, make_costs
 
 GRAPH = branches_graph(2, 1)  # x -> b0_0, b1_0 -> cat -> head -> output

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from graphpipe.errors import PlanValidationError
-from graphpipe.planner.stage_graph import Plan, Stage, StageEdge
+from graphpipe.stages.stage_graph import Plan, Stage, StageEdge
 
 
 def fan_plan() -> Plan:

@@ -12,9 +12,9 @@ from __future__ import annotations
 from graphpipe.cost.cluster import Cluster
 from graphpipe.errors import PlanValidationError
 from graphpipe.graph.op_graph import OpGraph
-from graphpipe.planner.in_flight import in_flight_samples
-from graphpipe.planner.stage_cost import crossing_tensors
-from graphpipe.planner.stage_graph import Plan
+from graphpipe.stages.crossing import crossing_tensors
+from graphpipe.stages.in_flight import in_flight_samples
+from graphpipe.stages.stage_graph import Plan
 
 
 def validate_plan(plan: Plan, graph: OpGraph, cluster: Cluster | None = None,

@@ -8,7 +8,40 @@ simulate it, and train it with torch.distributed. Names are imported lazily so t
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the real types for type checkers; at run time the names load lazily (__getattr__)
+    from graphpipe.cost.analytic import analytic_costs as analytic_costs
+    from graphpipe.cost.cluster import Cluster as Cluster
+    from graphpipe.cost.cluster import Device as Device
+    from graphpipe.cost.cluster import Link as Link
+    from graphpipe.cost.cost_table import CostTable as CostTable
+    from graphpipe.cost.cost_table import OpCost as OpCost
+    from graphpipe.cost.profile import profile as profile
+    from graphpipe.empty_weights import empty_weights as empty_weights
+    from graphpipe.errors import GraphCaptureError as GraphCaptureError
+    from graphpipe.errors import GraphPipeError as GraphPipeError
+    from graphpipe.errors import PlanningError as PlanningError
+    from graphpipe.graph.capture import CapturedModule as CapturedModule
+    from graphpipe.graph.capture import capture as capture
+    from graphpipe.graph.capture import capture_module as capture_module
+    from graphpipe.graph.op_graph import OpGraph as OpGraph
+    from graphpipe.graph.op_graph import OpNode as OpNode
+    from graphpipe.graph.tensor_meta import TensorMeta as TensorMeta
+    from graphpipe.model_inputs import ModelInputs as ModelInputs
+    from graphpipe.models import ZooModel as ZooModel
+    from graphpipe.models import load_model as load_model
+    from graphpipe.planning import plan as plan
+    from graphpipe.runtime.materialize import materialize as materialize
+    from graphpipe.runtime.trainer import PipelineTrainer as PipelineTrainer
+    from graphpipe.schedule.action import Action as Action
+    from graphpipe.schedule.generate import make_schedule as make_schedule
+    from graphpipe.schedule.schedule import Schedule as Schedule
+    from graphpipe.simulation.result import SimResult as SimResult
+    from graphpipe.simulation.simulator import simulate as simulate
+    from graphpipe.stages.stage_graph import Plan as Plan
+    from graphpipe.stages.stage_graph import Stage as Stage
+    from graphpipe.stages.stage_graph import StageEdge as StageEdge
 
 __version__ = "0.1.0"
 

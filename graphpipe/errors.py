@@ -2,6 +2,21 @@
 
 from __future__ import annotations
 
+__all__ = [
+    "ClusterError",
+    "CostError",
+    "GraphCaptureError",
+    "GraphPipeError",
+    "GraphValidationError",
+    "InputFileError",
+    "ModelLoadError",
+    "PlanValidationError",
+    "PlanningError",
+    "ScheduleError",
+    "TrainingError",
+    "UsageError",
+]
+
 
 class GraphPipeError(Exception):
     """Base of every error graphpipe raises for bad input or an impossible request."""

@@ -19,49 +19,49 @@ import functools
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from graphpipe.cost.cluster import Cluster
 from graphpipe.cost.cost_table import CostTable
+from graphpipe.cost.sources import CostSource
 from graphpipe.errors import PlanningError, PlanValidationError
 from graphpipe.graph.layers import layer_blocks
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.planner.api import plan_candidates
-from graphpipe.planner.granularity import boundary_blocks, check_granularity, refine_limit
+from graphpipe.planner.granularity import boundary_blocks, refine_limit
 from graphpipe.planner.notes import batch_coupling_notes
+from graphpipe.planner.options import PlanOptions, plan_options
 from graphpipe.stages.stage_graph import Plan
 from graphpipe.stages.validate import check_runtime_rules
 
 if TYPE_CHECKING:
     from graphpipe.simulation.result import SimResult
 
-RANKINGS = ("simulation", "tps")
+__all__ = ["plan"]
+
 BOUND_SLACK = 1e-9  # a bound summed in another order than the simulator's clock may be a few ulps above it
 
 
-def plan(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int, *,
-         planner: str = "graphpipe", micro_batch_sizes: Sequence[int] | None = None,
-         per_stage_micro_batch: bool = False, memory_limit: float | None = None,
-         rank_by: str = "simulation", options: dict[str, float] | None = None,
-         use_all_devices: bool = False, granularity: str = "op") -> Plan:
+def plan(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int,
+         options: PlanOptions | None = None, *, cost_source: CostSource | None = None, **fields: Any) -> Plan:
     """The best plan for training `graph` on `cluster` with mini-batches of `global_batch_size` samples.
 
-    A plan may leave devices unused when more would not help (the extra ranks stay idle at run time);
+    `options` (`PlanOptions`, whose fields may also be given as keywords, e.g. `planner="sequential"`)
+    says how: which planner, micro-batch sizes, memory limit, ranking, granularity, limits. A plan may
+    leave devices unused when more would not help (the extra ranks stay idle at run time);
     `use_all_devices=True` keeps only candidates that use every device. `granularity` says what the
     planner cuts between: "op", "layer" (whole layers: `graphpipe.graph.layers`) or "auto" (layer level,
     then the blocks at the winner's stage boundaries opened to op level, the better of the two kept:
-    `graphpipe.planner.granularity`)."""
-    if rank_by not in RANKINGS:
-        raise PlanningError(f"unknown ranking {rank_by!r}; choose one of {', '.join(RANKINGS)}")
-    check_granularity(granularity)
+    `graphpipe.planner.granularity`). The plan records `cost_source` (from `graphpipe.cost.sources.choose_costs`;
+    by default read off the table: the analytic model on its device, or measured) so that it is costed the
+    same way when read back."""
+    opts = plan_options(options, fields)
     start = time.perf_counter()
-    search = functools.partial(_plan_at, graph, costs, cluster, global_batch_size, planner=planner,
-                               micro_batch_sizes=micro_batch_sizes, per_stage_micro_batch=per_stage_micro_batch,
-                               memory_limit=memory_limit, rank_by=rank_by, options=options,
-                               use_all_devices=use_all_devices)
-    best = _auto(graph, search) if granularity == "auto" else _found(search(granularity))
-    return dataclasses.replace(best, search_time_s=time.perf_counter() - start, planner=planner,
-                               granularity=granularity, notes=best.notes + batch_coupling_notes(graph, best))
+    search = functools.partial(_plan_at, graph, costs, cluster, global_batch_size, opts)
+    best = _auto(graph, search) if opts.granularity == "auto" else _found(search(opts.granularity))
+    return dataclasses.replace(best, search_time_s=time.perf_counter() - start, planner=opts.planner,
+                               granularity=opts.granularity, notes=best.notes + batch_coupling_notes(graph, best),
+                               cost_source=cost_source or CostSource.of_table(costs))
 
 
 def _auto(graph: OpGraph, search: Callable[..., Plan | None]) -> Plan:
@@ -99,23 +99,18 @@ def _unless_a_bug(err: PlanningError) -> None:
         raise err
 
 
-def _plan_at(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int, granularity: str,
-             open_blocks: frozenset[str] = frozenset(), *, planner: str, micro_batch_sizes: Sequence[int] | None,
-             per_stage_micro_batch: bool, memory_limit: float | None, rank_by: str,
-             options: dict[str, float] | None, use_all_devices: bool, beat_s: float = math.inf) -> Plan | None:
+def _plan_at(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int, opts: PlanOptions,
+             granularity: str, open_blocks: frozenset[str] = frozenset(), *, beat_s: float = math.inf) -> Plan | None:
     """The best plan at one granularity ("op" or "layer", less `open_blocks`), ranked and checked; None when
     a ranking by simulation finds no candidate whose lower bound is below `beat_s` (an iteration time)."""
-    if planner == "parallel-only" and "micro_batch_size" not in (options or {}):
-        sequential = _found(_plan_at(graph, costs, cluster, global_batch_size, granularity, open_blocks,
-                                     planner="sequential", micro_batch_sizes=micro_batch_sizes,
-                                     per_stage_micro_batch=per_stage_micro_batch, memory_limit=memory_limit,
-                                     rank_by=rank_by, options=options, use_all_devices=False))
-        options = {**(options or {}), "micro_batch_size": sequential.stages[0].micro_batch_size}
-    candidates = plan_candidates(graph, costs, cluster, global_batch_size, planner=planner,
-                                 micro_batch_sizes=micro_batch_sizes, per_stage_micro_batch=per_stage_micro_batch,
-                                 memory_limit=memory_limit, options=options, every_size=rank_by == "simulation",
-                                 granularity=granularity, open_blocks=open_blocks)
-    if use_all_devices:
+    planner, rank_by = opts.planner, opts.rank_by
+    if planner == "parallel-only" and opts.fixed_micro_batch is None:
+        chain = opts.with_fields(planner="sequential", use_all_devices=False)
+        sequential = _found(_plan_at(graph, costs, cluster, global_batch_size, chain, granularity, open_blocks))
+        opts = opts.with_fields(fixed_micro_batch=sequential.stages[0].micro_batch_size)
+    candidates = plan_candidates(graph, costs, cluster, global_batch_size, opts.with_fields(granularity=granularity),
+                                 every_size=rank_by == "simulation", open_blocks=open_blocks)
+    if opts.use_all_devices:
         candidates = _using_all(candidates, cluster.num_devices, planner)
     if rank_by == "tps":
         best = min(candidates, key=lambda p: p.predicted_tps_ms)

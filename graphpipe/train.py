@@ -28,6 +28,7 @@ import torch.distributed as dist
 from graphpipe.errors import GraphPipeError, TrainingError
 from graphpipe.model_inputs import ModelInputs
 from graphpipe.runtime.batch_norm import BATCH_NORM_MODES
+from graphpipe.schedule.generate import SCHEDULE_NAMES
 from graphpipe.stages.stage_graph import Plan
 
 AUTOCAST: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
@@ -57,7 +58,7 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
                         help="how to capture the model when planning it here (graphpipe train without --plan); "
                              "the ranks capture it as the plan records")
     parser.add_argument("--steps", type=int, default=10, help="train until this many steps are done")
-    parser.add_argument("--schedule", default=None, help="1f1b, gpipe or kfkb (default: the plan's)")
+    parser.add_argument("--schedule", choices=SCHEDULE_NAMES, default=None, help="schedule (default: the plan's)")
     parser.add_argument("--lr", type=float, default=1e-3, help="learning rate")
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam",
                         help="adam (default), or sgd: plain SGD, no optimizer state (half the memory per parameter)")
@@ -242,7 +243,8 @@ def _train_loop(args: argparse.Namespace, plan: Plan, trainer: Any, zoo: Any) ->
     from graphpipe.runtime.metrics import StepMetrics, peak_memory_bytes
 
     rank = dist.get_rank()
-    simulated = simulated_iteration_s(plan, zoo, trainer.schedule, args.leaf_modules) if rank == 0 else None
+    simulated = simulated_iteration_s(plan, zoo, trainer.schedule, args.leaf_modules, args.plan) if rank == 0 \
+        else None
     bar = _progress(rank, trainer.step_count, args.steps)
     traced: list[Any] = []
     origin = time.monotonic()
@@ -272,21 +274,28 @@ def _train_loop(args: argparse.Namespace, plan: Plan, trainer: Any, zoo: Any) ->
         write_rank_trace(args.trace, rank, trainer.stage_idx, traced, origin)
 
 
-def simulated_iteration_s(plan: Plan, zoo: Any, schedule: Any, leaf_modules: Any) -> float | None:
-    """The simulator's iteration time for the plan (analytic costs on the plan's cluster), or None (also,
-    silently, for a plan that records no cluster: one made by hand)."""
+def simulated_iteration_s(plan: Plan, zoo: Any, schedule: Any, leaf_modules: Any,
+                          plan_path: str | None = None) -> float | None:
+    """The simulator's iteration time for the plan, with the costs it records (`Plan.cost_source`; the
+    analytic model on the plan's cluster for a plan without), or None (also, silently, for a plan that
+    records no cluster: one made by hand). A warning when those costs cannot be made again goes to stderr."""
     if not plan.cluster:
         return None
     try:
-        from graphpipe.cost.analytic import analytic_costs
         from graphpipe.cost.cluster import Cluster
+        from graphpipe.cost.sources import costs_as_recorded
         from graphpipe.graph.capture import capture
         from graphpipe.simulation.simulator import simulate
 
         cluster = Cluster.from_dict(plan.cluster)
-        graph = capture(zoo.model, zoo.inputs, leaf_modules=leaf_modules or (), capture=plan.capture)
         sizes = sorted({stage.micro_batch_size for stage in plan.stages})
-        costs = analytic_costs(graph, cluster.device, micro_batch_sizes=sizes)
+        costs, _, warning = costs_as_recorded(
+            plan.cost_source, lambda: capture(zoo.model, zoo.inputs, leaf_modules=leaf_modules or (),
+                                              capture=plan.capture),
+            cluster=cluster, label=f"plan {plan_path}" if plan_path else "the plan", near=plan_path,
+            micro_batch_sizes=sizes)
+        if warning:
+            print(f"graphpipe train: warning: {warning}", file=sys.stderr)
         return float(simulate(plan, costs, cluster, schedule).iteration_time_s)
     except (GraphPipeError, ImportError, KeyError, TypeError) as err:
         print(f"graphpipe train: no simulated time ({type(err).__name__}: {err})", file=sys.stderr)
@@ -294,7 +303,8 @@ def simulated_iteration_s(plan: Plan, zoo: Any, schedule: Any, leaf_modules: Any
 
 
 def _should_save(args: argparse.Namespace, done: int) -> bool:
-    return done == args.steps or (args.save_every > 0 and done % args.save_every == 0)
+    steps, save_every = int(args.steps), int(args.save_every)
+    return done == steps or (save_every > 0 and done % save_every == 0)
 
 
 def _kill_point() -> tuple[int, int]:

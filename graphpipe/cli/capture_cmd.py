@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from graphpipe.cli.common import add_model_args, capture_from_args, format_bytes, format_count, print_json
+from graphpipe.cli.common import add_model_args, capture_from_args, format_count, print_json
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.graph.summary import GraphSummary, summarize
+from graphpipe.units import format_bytes
 
 
 def add_parser(subparsers: Any) -> None:

@@ -120,14 +120,6 @@ def print_json(data: Any) -> None:
     sys.stdout.write("\n")
 
 
-def format_bytes(num_bytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(num_bytes) < 1024 or unit == "GiB":
-            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.2f} {unit}"
-        num_bytes /= 1024
-    return f"{num_bytes:.2f} GiB"
-
-
 def format_count(count: float, unit: str = "") -> str:
     """1234567 -> '1.23 M', with SI prefixes up to P."""
     for prefix in ("", "k", "M", "G", "T", "P"):

@@ -12,9 +12,11 @@ import time
 from dataclasses import dataclass, fields
 from typing import Any
 
-from graphpipe.cli.common import add_granularity_arg, format_bytes, print_json
+from graphpipe.cli.common import add_granularity_arg, print_json
 from graphpipe.cli.simulate_cmd import format_table
 from graphpipe.errors import GraphPipeError
+from graphpipe.schedule.generate import DEFAULT_SCHEDULE, SCHEDULE_NAMES
+from graphpipe.units import format_bytes
 
 DEFAULT_PLANNERS = ("graphpipe", "sequential", "pipedream", "piper")
 # Planners whose stages form a linear pipeline (SPP), the baselines of the speedup column. Their
@@ -56,11 +58,11 @@ def add_parser(subparsers: Any) -> None:
                         help="model option, e.g. --set num_branches=8 (repeatable)")
     parser.add_argument("--cluster", default="summit", help="cluster preset (default summit)")
     parser.add_argument("--devices", default="8", help="device counts, comma separated (default 8)")
-    parser.add_argument("--batch", default=None,
+    parser.add_argument("--mini-batch", "--batch", dest="batch", default=None,
                         help="mini-batch size, or one per device count (comma separated); default 4 per device")
     parser.add_argument("--planners", default=",".join(DEFAULT_PLANNERS),
                         help=f"planners, comma separated (default {','.join(DEFAULT_PLANNERS)})")
-    parser.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe", "kfkb"))
+    parser.add_argument("--schedule", default=DEFAULT_SCHEDULE, choices=SCHEDULE_NAMES)
     add_granularity_arg(parser)
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.set_defaults(func=run)
@@ -86,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
 def compare_model(model: str, args: argparse.Namespace, devices: list[int], batches: list[int],
                   planners: list[str]) -> list[Row]:
     from graphpipe.cli.common import capture_from_args
-    from graphpipe.cost.analytic import analytic_costs
     from graphpipe.cost.cluster import Cluster
+    from graphpipe.cost.sources import choose_costs
 
     namespace = argparse.Namespace(model=model, preset=args.preset, batch=None, model_options=args.model_options,
                                    leaf_modules=[], seed=0)
@@ -96,8 +98,8 @@ def compare_model(model: str, args: argparse.Namespace, devices: list[int], batc
     costs = None
     for num_devices, batch in zip(devices, batches):
         cluster = Cluster.preset(args.cluster, num_devices)
-        costs = costs if costs is not None and costs.device == cluster.device.name else \
-            analytic_costs(graph, cluster.device)
+        if costs is None:  # every count is the same cluster preset, so the same device
+            costs, _ = choose_costs(graph, cluster=cluster)
         group = [_one(model, planner, graph, costs, cluster, batch, args.schedule, args.granularity)
                  for planner in planners]
         rows += _with_speedups(group)

@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from graphpipe.cli.capture_cmd import flops_per_sample, render_summary
-from graphpipe.cli.common import add_model_args, capture_from_args, format_bytes, positive_int, print_json
+from graphpipe.cli.common import add_model_args, capture_from_args, positive_int, print_json
 from graphpipe.cli.simulate_cmd import format_table
 from graphpipe.cost.cost_table import CostTable
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.graph.summary import summarize
+from graphpipe.units import format_bytes
+
+if TYPE_CHECKING:
+    from graphpipe.simulation.result import SimResult
+    from graphpipe.stages.stage_graph import Plan
 
 PLANNERS = ("graphpipe", "sequential")
 
@@ -44,14 +50,14 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from graphpipe.cost.analytic import analytic_costs
     from graphpipe.cost.cluster import Cluster
+    from graphpipe.cost.sources import choose_costs
 
     _, graph = capture_from_args(args)
     summary = summarize(graph)
     cluster = Cluster.preset(args.cluster, args.devices)
-    costs = analytic_costs(graph, args.device or cluster.device)
-    outcomes = {name: _plan_and_simulate(name, graph, costs, cluster, args) for name in PLANNERS}
+    costs, source = choose_costs(graph, device=args.device, cluster=cluster)
+    outcomes = {name: _plan_and_simulate(name, graph, costs, source, cluster, args) for name in PLANNERS}
     written = _write_outputs(outcomes, Path(args.out), graph)
     if args.json:
         print_json({"summary": summary.to_dict(), "fwd_flops_per_sample": flops_per_sample(graph),
@@ -79,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan_and_simulate(planner: str, graph: Any, costs: Any, cluster: Any, args: argparse.Namespace) -> dict[str, Any]:
+def _plan_and_simulate(planner: str, graph: Any, costs: Any, source: Any, cluster: Any,
+                       args: argparse.Namespace) -> dict[str, Any]:
     from graphpipe.cli.simulate_cmd import model_spec_from_args
     from graphpipe.errors import GraphPipeError
     from graphpipe.planning import plan as make_plan
@@ -88,7 +95,7 @@ def _plan_and_simulate(planner: str, graph: Any, costs: Any, cluster: Any, args:
     start = time.perf_counter()
     try:
         planned = make_plan(graph, costs, cluster, args.mini_batch, planner=planner,
-                            micro_batch_sizes=micro_batch_sizes(args))
+                            micro_batch_sizes=micro_batch_sizes(args), cost_source=source)
     except GraphPipeError as err:
         return {"planner": planner, "error": str(err).splitlines()[0]}
     planned = type(planned).from_dict({**planned.to_dict(),
@@ -109,7 +116,8 @@ def micro_batch_sizes(args: argparse.Namespace) -> list[int]:
 def render_side_by_side(outcomes: dict[str, dict[str, Any]]) -> str:
     names = list(outcomes)
     rows: list[tuple[str, ...]] = [("", *names)]
-    metrics = [("stages", lambda p, r: str(p.num_stages)), ("depth", lambda p, r: str(p.depth)),
+    metrics: list[tuple[str, Callable[[Plan, SimResult], str]]] = [
+        ("stages", lambda p, r: str(p.num_stages)), ("depth", lambda p, r: str(p.depth)),
                ("micro-batch", lambda p, r: "/".join(str(b) for b in sorted({s.micro_batch_size for s in p.stages}))),
                ("first stage in-flight", lambda p, r: str(r.peak_in_flight_samples[0])),
                ("iteration ms", lambda p, r: f"{r.iteration_time_s * 1e3:.2f}"),

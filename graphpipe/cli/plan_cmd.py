@@ -10,13 +10,13 @@ from graphpipe.cli.common import (
     add_granularity_arg,
     add_model_args,
     capture_from_args,
-    format_bytes,
     memory_gib,
     positive_int,
     print_json,
 )
 from graphpipe.planner.api import PLANNER_NAMES
 from graphpipe.stages.stage_graph import Plan
+from graphpipe.units import format_bytes
 
 
 def add_parser(subparsers: Any) -> None:
@@ -27,7 +27,7 @@ def add_parser(subparsers: Any) -> None:
     add_model_args(parser, default_preset="paper")
     parser.add_argument("--cluster", default="summit", help="cluster preset (default summit)")
     parser.add_argument("--devices", type=positive_int, required=True, help="number of devices")
-    parser.add_argument("--global-batch", dest="global_batch", type=positive_int, default=None,
+    parser.add_argument("--mini-batch", "--global-batch", dest="global_batch", type=positive_int, default=None,
                         help="mini-batch size to plan for (default: --batch, else 128)")
     parser.add_argument("--planner", choices=PLANNER_NAMES, default="graphpipe", help="default graphpipe")
     parser.add_argument("--micro-batch-sizes", default=None, metavar="1,2,4",
@@ -37,8 +37,10 @@ def add_parser(subparsers: Any) -> None:
                                              "default: the device's")
     parser.add_argument("--rank-by", choices=("simulation", "tps"), default="simulation",
                         help="pick among the best plan per micro-batch size by simulated iteration time or TPS")
-    parser.add_argument("--costs", default=None, metavar="COSTS.json", help="cost table (default: analytic)")
-    parser.add_argument("--device", default="v100-16gb", help="device preset for analytic costs")
+    parser.add_argument("--costs", default=None, metavar="COSTS.json",
+                        help="cost table from `graphpipe profile` (default: analytic; the plan records which)")
+    parser.add_argument("--device", default=None,
+                        help="device preset for analytic costs (default: the cluster's, e.g. cpu for local-cpu)")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                         help="activation precision the analytic costs count (bf16: training under autocast)")
     parser.add_argument("--use-all-devices", action="store_true",
@@ -51,30 +53,29 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from graphpipe.cli.simulate_cmd import model_spec_from_args
-    from graphpipe.cost.analytic import analytic_costs
     from graphpipe.cost.cluster import Cluster
-    from graphpipe.cost.cost_table import CostTable
-    from graphpipe.graph.precision import with_activation_dtype
+    from graphpipe.cost.sources import choose_costs
     from graphpipe.planning import plan
     from graphpipe.train import ACTIVATION_DTYPES
 
     _, graph = capture_from_args(args)
-    costed = with_activation_dtype(graph, ACTIVATION_DTYPES[args.dtype])
-    costs = CostTable.load(args.costs) if args.costs else analytic_costs(costed, args.device)
     cluster = Cluster.preset(args.cluster, args.devices)
+    costs, source = choose_costs(graph, costs_file=args.costs, device=args.device, cluster=cluster,
+                                 dtype=ACTIVATION_DTYPES[args.dtype])
     sizes = parse_sizes(args.micro_batch_sizes)
     limit = args.memory_limit_gib * 2**30 if args.memory_limit_gib is not None else None
     global_batch = args.global_batch or args.batch or 128
     result = plan(graph, costs, cluster, global_batch, planner=args.planner, micro_batch_sizes=sizes,
                   memory_limit=limit, rank_by=args.rank_by, use_all_devices=args.use_all_devices,
-                  granularity=args.granularity)
-    result = dataclasses.replace(result, model_spec=model_spec_from_args(args, args.device))
+                  granularity=args.granularity, cost_source=source)
+    result = dataclasses.replace(result, model_spec=model_spec_from_args(args, source.device))
     if args.output:
         result.save(args.output)
     if args.json:
         print_json(result.to_dict())
     else:
         print(render_plan(result))
+        print(f"costs: {source}")
         for note in result.notes:
             print(f"note: {note}")
         if args.output:

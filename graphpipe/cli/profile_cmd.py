@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from graphpipe.cli.common import add_model_args, capture_from_args, format_bytes, positive_int, print_json
+from graphpipe.cli.common import add_model_args, capture_from_args, positive_int, print_json
 from graphpipe.cost.cost_table import CostTable
 from graphpipe.cost.summary import CostSummary, summarize_costs
 from graphpipe.errors import CostError
+from graphpipe.units import format_bytes
 
 
 def add_parser(subparsers: Any) -> None:
@@ -48,10 +49,10 @@ def size_list(text: str) -> tuple[int, ...]:
 def run(args: argparse.Namespace) -> int:
     extra: dict[str, Any] = {}
     if args.analytic:
-        from graphpipe.cost.analytic import analytic_costs
+        from graphpipe.cost.sources import choose_costs
 
         _, graph = capture_from_args(args)
-        table = analytic_costs(graph, args.analytic, micro_batch_sizes=args.micro_batch_sizes)
+        table, _ = choose_costs(graph, device=args.analytic, micro_batch_sizes=args.micro_batch_sizes)
     else:
         from graphpipe.cost.profile import profile
 

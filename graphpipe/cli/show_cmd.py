@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from graphpipe.cli.common import format_bytes, print_json
-from graphpipe.cli.simulate_cmd import SCHEDULES, format_table
+from graphpipe.cli.common import print_json
+from graphpipe.cli.simulate_cmd import format_table
+from graphpipe.schedule.generate import SCHEDULE_NAMES
 from graphpipe.stages.stage_graph import Plan
+from graphpipe.units import format_bytes
 
 
 def add_parser(subparsers: Any) -> None:
@@ -17,7 +19,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("plan", help="plan JSON written by `graphpipe plan -o`")
     parser.add_argument("-o", "--output", default=None, metavar="STAGES.png",
                         help="write the stage graph picture here (.png or .svg)")
-    parser.add_argument("--schedule", choices=SCHEDULES, default=None,
+    parser.add_argument("--schedule", choices=SCHEDULE_NAMES, default=None,
                         help="also print this schedule's forwards and backwards as a stage × step grid")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.set_defaults(func=run)
@@ -35,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"plan {plan.graph_name} ({plan.planner}): {plan.num_stages} stages, depth {plan.depth}, "
           f"{plan.world_size} devices, mini-batch {plan.global_batch_size}, schedule {plan.schedule}")
+    print(render_cost_source(plan))
     print(render_stages(plan))
     if args.schedule:
         from graphpipe.schedule.generate import make_schedule
@@ -45,6 +48,13 @@ def run(args: argparse.Namespace) -> int:
     for path in written:
         print(f"wrote {path}")
     return 0
+
+
+def render_cost_source(plan: Plan) -> str:
+    """Which costs the plan was searched with: what `simulate` and `train` cost it with by default."""
+    if plan.cost_source is None:
+        return "costs: not recorded (the plan predates the record; simulate costs it on its model_spec's device)"
+    return f"costs: {plan.cost_source} (simulate and train cost it the same way unless told otherwise)"
 
 
 def render_stages(plan: Plan) -> str:

@@ -1,8 +1,9 @@
 """`graphpipe simulate plan.json`: predict an iteration of a saved plan; optional Gantt chart and trace.
 
-Costs come from `--costs costs.json`, or are rebuilt with the analytic model from the
-model the plan records (`Plan.model_spec`, else the zoo name in `graph_name`, e.g.
-"mmt-tiny"); `--model`, `--preset`, `--set` and `--device` override what the plan says.
+Costs are made again as the plan records them (`Plan.cost_source`: the same costs file, or the
+analytic model on the same device, of the model in `Plan.model_spec`, else of the zoo name in
+`graph_name`, e.g. "mmt-tiny"); `--costs` and `--device` use other costs, with a warning naming
+both sources, and `--model`, `--preset` and `--set` override the model the plan says.
 """
 
 from __future__ import annotations
@@ -10,17 +11,20 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 
-from graphpipe.cli.common import format_bytes, positive_int, print_json
+from graphpipe.cli.common import positive_int, print_json
 from graphpipe.cost.cluster import Cluster
 from graphpipe.cost.cost_table import CostTable
+from graphpipe.cost.sources import CostSource
 from graphpipe.errors import ModelLoadError, UsageError
+from graphpipe.graph.op_graph import OpGraph
+from graphpipe.schedule.generate import SCHEDULE_NAMES
 from graphpipe.simulation.result import SimResult
 from graphpipe.stages.stage_graph import Plan
-
-SCHEDULES = ("1f1b", "gpipe", "kfkb")
+from graphpipe.units import format_bytes
 
 
 def add_parser(subparsers: Any) -> None:
@@ -31,7 +35,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("plan", help="plan JSON written by `graphpipe plan -o`")
     add_cost_args(parser)
     parser.add_argument("--cluster", default=None, help="cluster preset to simulate on (default: the plan's)")
-    parser.add_argument("--schedule", choices=SCHEDULES, default=None, help="schedule (default: the plan's)")
+    parser.add_argument("--schedule", choices=SCHEDULE_NAMES, default=None, help="schedule (default: the plan's)")
     parser.add_argument("--gantt", default=None, metavar="GANTT.png", help="write a Gantt chart of the iteration")
     parser.add_argument("--trace", default=None, metavar="TRACE.json", help="write a Chrome trace (Perfetto)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -40,8 +44,10 @@ def add_parser(subparsers: Any) -> None:
 
 def add_cost_args(parser: argparse.ArgumentParser) -> None:
     """Where the costs come from: a file, or the model (overrides for what the plan records)."""
-    parser.add_argument("--costs", default=None, metavar="COSTS.json", help="cost table from `graphpipe profile`")
-    parser.add_argument("--device", default=None, help="device preset for analytic costs (default: the plan's)")
+    parser.add_argument("--costs", default=None, metavar="COSTS.json",
+                        help="cost table from `graphpipe profile` (default: the costs the plan records)")
+    parser.add_argument("--device", default=None,
+                        help="device preset for analytic costs (default: the costs the plan records)")
     parser.add_argument("--model", default=None, help="zoo model or file.py:factory (default: the plan's)")
     parser.add_argument("--preset", default=None, help="model preset (default: the plan's)")
     parser.add_argument("--batch", type=positive_int, default=None, help="example batch size for capture")
@@ -53,14 +59,15 @@ def run(args: argparse.Namespace) -> int:
     from graphpipe.simulation.simulator import simulate
 
     plan = Plan.load(args.plan)
-    costs = load_costs(plan, args)
+    costs, source = load_costs(plan, args)
     cluster = Cluster.preset(args.cluster, plan.world_size) if args.cluster else None
     result = simulate(plan, costs, cluster, schedule=args.schedule or plan.schedule)
     written = write_pictures(result, args.gantt, args.trace, title=f"{plan.graph_name} · {plan.planner}")
     if args.json:
-        print_json({"plan": args.plan, "costs": costs.source, **result.summary(), "written": written})
+        print_json({"plan": args.plan, "costs": costs.source, "cost_source": source.to_dict(), **result.summary(),
+                    "written": written})
         return 0
-    print(render_result(plan, result, costs))
+    print(render_result(plan, result, source))
     for path in written:
         print(f"wrote {path}")
     return 0
@@ -88,15 +95,31 @@ def model_spec_from_args(args: argparse.Namespace, device: str) -> dict[str, Any
             "capture": getattr(args, "capture", None) or "auto"}
 
 
-def load_costs(plan: Plan, args: argparse.Namespace) -> CostTable:
-    """`--costs`, else analytic costs of the plan's model on the plan's (or --device's) device; UsageError
-    when the plan does not cover that model (or those costs)."""
-    if args.costs:
-        costs = CostTable.load(args.costs)
-        check_costs_fit_plan(costs, plan, args.plan, args.costs)
-        return costs
+def load_costs(plan: Plan, args: argparse.Namespace, command: str = "simulate") -> tuple[CostTable, CostSource]:
+    """The costs the plan records, made again, or `--costs` / `--device` when given (`costs_as_recorded`;
+    its warning goes to stderr); UsageError when the plan does not cover the model or those costs. A plan
+    without a record costs as before the record: analytic on the device its model_spec names."""
+    from graphpipe.cost.sources import costs_as_recorded
+
+    device = args.device or (None if plan.cost_source else plan.model_spec.get("device"))
+    costs, source, warning = costs_as_recorded(
+        plan.cost_source, lambda: plan_graph(plan, args), cluster=plan_cluster(plan), costs_file=args.costs,
+        device=device, label=f"plan {args.plan}", near=args.plan)
+    if warning:
+        print(f"graphpipe {command}: warning: {warning}", file=sys.stderr, flush=True)
+    if source.kind == "file":
+        check_costs_fit_plan(costs, plan, args.plan, str(source.path))
+    return costs, source
+
+
+def plan_cluster(plan: Plan) -> Cluster | None:
+    """The cluster the plan was made for (None for a plan that records none: one made by hand)."""
+    return Cluster.from_dict(plan.cluster) if plan.cluster else None
+
+
+def plan_graph(plan: Plan, args: argparse.Namespace) -> OpGraph:
+    """The op graph of the plan's model (command-line overrides applied), checked against the plan."""
     from graphpipe.cli.common import capture_from_args, check_plan_fits_graph, model_options
-    from graphpipe.cost.analytic import analytic_costs
 
     spec = resolve_model_spec(plan, args.model, args.preset, args.batch, model_options(args))
     options = [f"{key}={json.dumps(value)}" for key, value in spec["options"].items()]  # parsed back as JSON
@@ -105,8 +128,7 @@ def load_costs(plan: Plan, args: argparse.Namespace) -> CostTable:
                                    capture=plan.capture)  # the method that made the plan
     _, graph = capture_from_args(namespace)
     check_plan_fits_graph(plan, graph, args.plan)
-    device = args.device or spec.get("device") or plan.cluster.get("device", {}).get("name") or "v100-16gb"
-    return analytic_costs(graph, device)
+    return graph
 
 
 def check_costs_fit_plan(costs: CostTable, plan: Plan, plan_path: str, costs_path: str) -> None:
@@ -151,10 +173,10 @@ def _spec_from_graph_name(graph_name: str) -> dict[str, Any]:
 
 
 # ---- text -----------------------------------------------------------------------------------
-def render_result(plan: Plan, result: SimResult, costs: CostTable) -> str:
+def render_result(plan: Plan, result: SimResult, source: CostSource) -> str:
     lines = [f"plan {plan.graph_name} ({plan.planner}): {plan.num_stages} stages, depth {plan.depth}, "
              f"{plan.world_size} devices, mini-batch {plan.global_batch_size}; {result.schedule} schedule, "
-             f"{costs.source} costs on {costs.device}",
+             f"{source}",
              f"iteration {result.iteration_time_s * 1e3:.3f} ms, {result.samples_per_s:,.1f} samples/s, "
              f"bubble {result.mean_bubble_fraction:.1%} mean / {result.max_bubble_fraction:.1%} max"]
     if plan.predicted_samples_per_s or plan.lower_bound_samples_per_s:

@@ -16,9 +16,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from graphpipe.cli.common import add_granularity_arg, format_bytes, positive_int, print_json
+from graphpipe.cli.common import add_granularity_arg, positive_int, print_json
 from graphpipe.errors import TrainingError, UsageError
 from graphpipe.stages.stage_graph import Plan
+from graphpipe.units import format_bytes
 
 FORWARDED = ("model", "preset", "steps", "schedule", "lr", "seed", "checkpoint_dir", "save_every", "trace",
              "timeout", "threads", "dtype", "init", "weights", "optimizer", "batch_norm")
@@ -35,7 +36,8 @@ def add_parser(subparsers: Any) -> None:
     add_train_args(parser)
     parser.add_argument("--nproc", type=positive_int, required=True, help="processes (devices) to start")
     parser.add_argument("--plan", default=None, help="plan.json for --nproc devices (default: plan now)")
-    parser.add_argument("--batch", type=positive_int, default=None, help="mini-batch size when planning")
+    parser.add_argument("--mini-batch", "--batch", dest="batch", type=positive_int, default=None,
+                        help="mini-batch size when planning (default: the model's example batch)")
     parser.add_argument("--use-all-devices", action="store_true",
                         help="when planning, keep only plans that use all --nproc devices (default: a plan may "
                              "leave some ranks idle)")
@@ -139,9 +141,8 @@ def _forwarded(args: argparse.Namespace) -> list[str]:
 def _plan_now(args: argparse.Namespace, path: Path) -> str:
     """Plan the model for --nproc local CPU workers with analytic `cpu` costs; returns the plan's path."""
     from graphpipe.cli.common import capture_from_args, model_options
-    from graphpipe.cost.analytic import analytic_costs
     from graphpipe.cost.cluster import Cluster
-    from graphpipe.graph.precision import with_activation_dtype
+    from graphpipe.cost.sources import choose_costs
     from graphpipe.planning import plan as make_plan
     from graphpipe.train import ACTIVATION_DTYPES
 
@@ -151,9 +152,9 @@ def _plan_now(args: argparse.Namespace, path: Path) -> str:
     zoo, graph = capture_from_args(args)
     batch = args.batch or zoo.batch_size
     cluster = Cluster.preset("local-cpu", args.nproc)
-    costs = analytic_costs(with_activation_dtype(graph, ACTIVATION_DTYPES[args.dtype]), cluster.device)
+    costs, source = choose_costs(graph, cluster=cluster, dtype=ACTIVATION_DTYPES[args.dtype])
     planned = make_plan(graph, costs, cluster, batch, planner=args.planner, use_all_devices=args.use_all_devices,
-                        granularity=args.granularity)
+                        granularity=args.granularity, cost_source=source)
     spec = {"model": args.model, "preset": args.preset, "batch": args.batch, "options": model_options(args),
             "leaf_modules": list(args.leaf_modules), "device": cluster.device.name, "capture": graph.capture}
     planned = dataclasses.replace(planned, model_spec=spec)

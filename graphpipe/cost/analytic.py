@@ -30,6 +30,19 @@ from graphpipe.cost.presets import device_preset
 from graphpipe.errors import CostError
 from graphpipe.graph.op_graph import OpGraph, OpNode
 
+__all__ = [
+    "PassWork",
+    "analytic_costs",
+    "analytic_op_cost",
+    "check_micro_batch_sizes",
+    "default_micro_batch_sizes",
+    "elementwise_tflops",
+    "matmul_efficiency",
+    "pass_work",
+    "resolve_device",
+    "roofline_ms",
+]
+
 ELEMENTWISE_PEAK_DIVISOR = 8.0  # `elementwise_tflops` = peak / 8 when a device leaves it 0
 MIN_DEFAULT_MAX_BATCH = 512
 

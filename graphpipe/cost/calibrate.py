@@ -119,7 +119,8 @@ def _with_efficiency(work: np.ndarray, half_rows: float) -> np.ndarray:
 
 def _predict(features: np.ndarray, params: np.ndarray) -> np.ndarray:
     compute = features[:, 0] * params[0] + features[:, 1] * params[1]
-    return np.maximum(compute, features[:, 2] * params[2]) + features[:, 3] * params[3]
+    predicted: np.ndarray = np.maximum(compute, features[:, 2] * params[2]) + features[:, 3] * params[3]
+    return predicted
 
 
 def _fit_params(features: np.ndarray, times: np.ndarray, weights: np.ndarray, base: np.ndarray) -> np.ndarray:

@@ -16,6 +16,8 @@ from typing import Any
 
 from graphpipe.errors import ClusterError
 
+__all__ = ["Cluster", "Device", "Link"]
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Device:

@@ -16,6 +16,8 @@ from typing import Any
 from graphpipe.errors import CostError
 from graphpipe.serde import JsonFile
 
+__all__ = ["CostTable", "OpCost"]
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OpCost:

@@ -19,6 +19,7 @@ from graphpipe.cost.cluster import Cluster, Device, Link
 from graphpipe.errors import ClusterError, CostError
 
 GIB = 2**30
+DEFAULT_DEVICE = "v100-16gb"  # analytic costs when neither a device nor a cluster is named (the paper's GPU)
 
 DEVICE_PRESETS: dict[str, Device] = {
     # NVIDIA V100 SXM2 16 GB (Tesla V100 datasheet): 125 TFLOP/s fp16 tensor, 15.7 TFLOP/s fp32,
@@ -112,6 +113,12 @@ CLUSTER_PRESETS: dict[str, tuple[Callable[[int], Cluster], int]] = {
     "dgx-h100": (_dgx_h100, 8),
     "local-cpu": (_local_cpu, 4),
 }
+
+
+def cluster_device(name: str) -> str:
+    """The device preset a cluster preset is built from (local-cpu: cpu, summit: v100-16gb): the device
+    analytic costs default to when a command names the cluster but no device."""
+    return cluster_preset(name, 1).device.name
 
 
 def cluster_preset(name: str, num_devices: int | None = None) -> Cluster:

@@ -33,6 +33,8 @@ from graphpipe.cost.flops import trainable_param_bytes
 from graphpipe.errors import CostError
 from graphpipe.graph.op_graph import OpGraph
 
+__all__ = ["OpTimer", "batch_of", "inputs_like", "profile", "tensors_in"]
+
 TIMED_KINDS = frozenset({"call_module", "call_function", "call_method"})
 Inputs = tuple[tuple[Any, ...], dict[str, Any], list[torch.Tensor]]  # args, kwargs, tensors to differentiate
 

@@ -16,6 +16,8 @@ from graphpipe.errors import GraphValidationError
 from graphpipe.graph.tensor_meta import TensorMeta
 from graphpipe.serde import JsonFile
 
+__all__ = ["OpGraph", "OpNode", "ParamRef"]
+
 OP_KINDS = ("placeholder", "call_module", "call_function", "call_method", "get_attr", "output")
 FREE_KINDS = ("placeholder", "get_attr")  # model inputs and parameter reads: on every rank already
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from graphpipe.graph.colocation import colocation_groups
 from graphpipe.graph.op_graph import OpGraph
@@ -230,7 +231,8 @@ def _transitive_reduction(names: Sequence[str], preds: Mapping[str, Sequence[str
 
 # ---- reduction of the two-terminal edge graph --------------------------------------------
 # Trees during reduction: ("op", name) | ("wire",) | ("blob", names) | ("ser", *children) | ("par", *children)
-_Tree = tuple
+_Tree = tuple[Any, ...]
+_Node = tuple[str, ...]  # ("in", op) | ("out", op) | ("src",) | ("snk",)
 
 _SOURCE, _SINK = ("src",), ("snk",)
 
@@ -250,8 +252,8 @@ class _Reducer:
     """Series/parallel reductions on a multigraph of junctions, with merging when stuck."""
 
     def __init__(self, names: Sequence[str], skeleton: Mapping[str, Sequence[str]]) -> None:
-        self.out: dict[tuple, dict[tuple, _Tree]] = {}
-        self.inn: dict[tuple, dict[tuple, _Tree]] = {}
+        self.out: dict[_Node, dict[_Node, _Tree]] = {}
+        self.inn: dict[_Node, dict[_Node, _Tree]] = {}
         has_succ = {src for name in names for src in skeleton[name]}
         for name in names:
             self._add(("in", name), ("out", name), ("op", name))
@@ -262,11 +264,11 @@ class _Reducer:
             if name not in has_succ:
                 self._add(("out", name), _SINK, ("wire",))
 
-    def _node(self, node: tuple) -> None:
+    def _node(self, node: _Node) -> None:
         self.out.setdefault(node, {})
         self.inn.setdefault(node, {})
 
-    def _add(self, src: tuple, dst: tuple, tree: _Tree) -> None:
+    def _add(self, src: _Node, dst: _Node, tree: _Tree) -> None:
         self._node(src)
         self._node(dst)
         old = self.out[src].get(dst)
@@ -274,12 +276,12 @@ class _Reducer:
         self.out[src][dst] = merged
         self.inn[dst][src] = merged
 
-    def _remove(self, src: tuple, dst: tuple) -> _Tree:
+    def _remove(self, src: _Node, dst: _Node) -> _Tree:
         tree = self.out[src].pop(dst)
         del self.inn[dst][src]
         return tree
 
-    def _reduce(self, work: list[tuple]) -> None:
+    def _reduce(self, work: list[_Node]) -> None:
         while work:
             node = work.pop()
             if node in (_SOURCE, _SINK) or node not in self.out:
@@ -308,10 +310,10 @@ class _Reducer:
         return self.out[_SOURCE][_SINK]
 
     # ---- merging a stuck region ----------------------------------------------------------
-    def _topo(self) -> list[tuple]:
+    def _topo(self) -> list[_Node]:
         indeg = {node: len(self.inn[node]) for node in self.out}
         ready = [node for node, deg in indeg.items() if deg == 0]
-        order: list[tuple] = []
+        order: list[_Node] = []
         while ready:
             node = ready.pop()
             order.append(node)
@@ -321,12 +323,12 @@ class _Reducer:
                     ready.append(nxt)
         return order
 
-    def _ipdom(self, order: list[tuple]) -> dict[tuple, tuple]:
+    def _ipdom(self, order: list[_Node]) -> dict[_Node, _Node]:
         """Immediate post-dominators (iterative, on the reversed graph)."""
         rank = {node: idx for idx, node in enumerate(reversed(order))}  # sink first
-        ipdom: dict[tuple, tuple] = {_SINK: _SINK}
+        ipdom: dict[_Node, _Node] = {_SINK: _SINK}
 
-        def meet(a: tuple, b: tuple) -> tuple:
+        def meet(a: _Node, b: _Node) -> _Node:
             while a != b:
                 while rank[a] > rank[b]:
                     a = ipdom[a]
@@ -351,7 +353,7 @@ class _Reducer:
                     changed = True
         return ipdom
 
-    def _region_edges(self, src: tuple, dst: tuple) -> Iterator[tuple[tuple, tuple]]:
+    def _region_edges(self, src: _Node, dst: _Node) -> Iterator[tuple[_Node, _Node]]:
         seen = {src}
         stack = [src]
         while stack:
@@ -364,15 +366,15 @@ class _Reducer:
                     seen.add(nxt)
                     stack.append(nxt)
 
-    def _closed(self, src: tuple, dst: tuple) -> bool:
+    def _closed(self, src: _Node, dst: _Node) -> bool:
         edges = list(self._region_edges(src, dst))
         interior = {b for _, b in edges} - {dst}
         return all(pred in interior or pred == src for node in interior for pred in self.inn[node])
 
-    def _stuck_region(self) -> tuple[tuple, tuple, list[_Tree]]:
+    def _stuck_region(self) -> tuple[_Node, _Node, list[_Tree]]:
         order = self._topo()
         ipdom = self._ipdom(order)
-        best: tuple[int, tuple, tuple] | None = None
+        best: tuple[int, _Node, _Node] | None = None
         for node in order:
             if node == _SINK or len(self.out[node]) < 2:
                 continue

@@ -43,7 +43,8 @@ class CandleUno(nn.Module):
         self.num_inputs = config.num_branches  # forward(*inputs): how many placeholders to trace
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.cat([branch(x) for branch, x in zip(self.branches, inputs)], dim=1))
+        out: torch.Tensor = self.head(torch.cat([branch(x) for branch, x in zip(self.branches, inputs)], dim=1))
+        return out
 
 
 def build(config: Config, data: ExampleData) -> ZooModel:

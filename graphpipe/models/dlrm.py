@@ -73,7 +73,8 @@ class DLRM(nn.Module):
         num_dense = len(self.dense)
         dense = [branch(x) for branch, x in zip(self.dense, inputs[:num_dense])]
         sparse = [table(idx) for table, idx in zip(self.sparse, inputs[num_dense:])]
-        return self.top(self.interaction(dense, sparse))
+        out: torch.Tensor = self.top(self.interaction(dense, sparse))
+        return out
 
 
 def build(config: Config, data: ExampleData) -> ZooModel:

@@ -21,7 +21,8 @@ class TransformerLayer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.norm1(x)
         x = x + self.attn(h, h, h, need_weights=False)[0]
-        return x + self.fc2(self.act(self.fc1(self.norm2(x))))
+        out: torch.Tensor = x + self.fc2(self.act(self.fc1(self.norm2(x))))
+        return out
 
 
 def mlp(in_features: int, hidden: int, num_layers: int, out_features: int | None = None,
@@ -45,4 +46,5 @@ class ClassifierHead(nn.Module):
         self.fc = nn.Linear(hidden, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.norm(x.mean(dim=1)))
+        out: torch.Tensor = self.fc(self.norm(x.mean(dim=1)))
+        return out

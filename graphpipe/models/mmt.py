@@ -48,7 +48,8 @@ class MultiBranchTransformer(nn.Module):
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         merged = torch.cat([branch(x) for branch, x in zip(self.branches, inputs)], dim=-1)
-        return self.head(merged)
+        out: torch.Tensor = self.head(merged)
+        return out
 
 
 def build(config: Config, data: ExampleData) -> ZooModel:

@@ -39,7 +39,8 @@ class Diamond(nn.Module):
         h = self.stem(x)
         left, right = self.left(h), self.right(h)
         merged = torch.cat([left, right], dim=1) if self.merge == "cat" else left + right
-        return self.head(merged)
+        out: torch.Tensor = self.head(merged)
+        return out
 
 
 def build(config: Config, data: ExampleData) -> ZooModel:

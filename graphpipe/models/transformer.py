@@ -39,7 +39,8 @@ class SequentialTransformer(nn.Module):
         self.head = ClassifierHead(config.hidden, config.num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.layers(x))
+        out: torch.Tensor = self.head(self.layers(x))
+        return out
 
 
 def build(config: Config, data: ExampleData) -> ZooModel:

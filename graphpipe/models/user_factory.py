@@ -84,8 +84,8 @@ def _load_factory(spec: str) -> Callable[..., Any]:
         module_spec.loader.exec_module(module)
     except Exception as err:
         raise ModelLoadError(f"importing {path} failed: {type(err).__name__}: {err}") from err
-    factory = getattr(module, name, None)
-    if not callable(factory):
+    factory: Callable[..., Any] | None = getattr(module, name, None)
+    if factory is None or not callable(factory):
         found = sorted(key for key, value in vars(module).items() if callable(value) and not key.startswith("_"))
         raise ModelLoadError(f"{path} has no callable {name!r}; it defines {found}")
     return factory

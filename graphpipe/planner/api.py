@@ -10,10 +10,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
+from typing import Any
 
 from graphpipe.cost.cluster import Cluster
 from graphpipe.cost.cost_table import CostTable
+from graphpipe.cost.formulas.memory import static_memory_bytes
 from graphpipe.errors import PlanningError
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.planner.baselines.exhaustive import plan_exhaustive
@@ -22,11 +24,11 @@ from graphpipe.planner.baselines.pipedream import plan_pipedream
 from graphpipe.planner.baselines.piper import plan_piper
 from graphpipe.planner.baselines.sequential import plan_sequential
 from graphpipe.planner.build import build_plan
-from graphpipe.planner.granularity import boundary_blocks, check_granularity, refine_limit
+from graphpipe.planner.granularity import boundary_blocks, refine_limit
 from graphpipe.planner.graphpipe_planner import plan_graphpipe
+from graphpipe.planner.options import PlanOptions, plan_options
 from graphpipe.planner.request import PlanRequest
 from graphpipe.planner.stage_spec import Partition
-from graphpipe.stages.memory import static_memory_bytes
 from graphpipe.stages.stage_graph import Plan
 from graphpipe.stages.validate import validate_plan
 
@@ -50,49 +52,47 @@ def default_micro_batch_sizes(global_batch_size: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def make_request(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int, *,
-                 micro_batch_sizes: Sequence[int] | None = None, per_stage_micro_batch: bool = False,
-                 memory_limit: float | None = None, options: dict[str, float] | None = None,
-                 every_size: bool = False, granularity: str = "op",
-                 open_blocks: Collection[str] = ()) -> PlanRequest:
-    """Check the request and fill in defaults."""
-    check_granularity(granularity)
+def make_request(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int,
+                 options: PlanOptions | None = None, *, every_size: bool = False, open_blocks: Collection[str] = (),
+                 **fields: Any) -> PlanRequest:
+    """Check the request and fill in defaults (`options`, or its fields as keywords: `PlanOptions`)."""
+    opts = plan_options(options, fields)
+    if opts.planner not in PLANNERS:
+        raise PlanningError(f"unknown planner {opts.planner!r}; choose one of {', '.join(PLANNER_NAMES)}")
     if global_batch_size < 1:
         raise PlanningError(f"the mini-batch must hold at least 1 sample, got {global_batch_size}")
-    if micro_batch_sizes is None:
+    wanted = opts.micro_batch_sizes
+    if wanted is None:
         sizes = default_micro_batch_sizes(global_batch_size)
     else:
-        sizes = tuple(sorted({int(s) for s in micro_batch_sizes if s >= 1 and global_batch_size % s == 0}))
+        sizes = tuple(sorted({s for s in wanted if s >= 1 and global_batch_size % s == 0}))
         if not sizes:
-            raise PlanningError(f"no micro-batch size in {list(micro_batch_sizes)} divides the mini-batch of "
+            raise PlanningError(f"no micro-batch size in {list(wanted)} divides the mini-batch of "
                                 f"{global_batch_size}: pick sizes that divide it, e.g. "
                                 f"{list(default_micro_batch_sizes(global_batch_size))}")
-    limit = float(memory_limit) if memory_limit is not None else float(cluster.device.memory_bytes)
+    limit = float(opts.memory_limit) if opts.memory_limit is not None else float(cluster.device.memory_bytes)
     return PlanRequest(graph=graph, costs=costs, cluster=cluster, global_batch_size=global_batch_size,
-                       micro_batch_sizes=sizes, memory_limit=limit, per_stage_micro_batch=per_stage_micro_batch,
-                       every_size=every_size, options=dict(options or {}), granularity=granularity,
+                       micro_batch_sizes=sizes, memory_limit=limit, per_stage_micro_batch=opts.per_stage_micro_batch,
+                       every_size=every_size, options=opts, granularity=opts.granularity,
                        open_blocks=frozenset(open_blocks))
 
 
-def plan_candidates(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int, *,
-                    planner: str = "graphpipe", micro_batch_sizes: Sequence[int] | None = None,
-                    per_stage_micro_batch: bool = False, memory_limit: float | None = None,
-                    options: dict[str, float] | None = None, every_size: bool = False, granularity: str = "op",
-                    open_blocks: Collection[str] = ()) -> tuple[Plan, ...]:
+def plan_candidates(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int,
+                    options: PlanOptions | None = None, *, every_size: bool = False,
+                    open_blocks: Collection[str] = (), **fields: Any) -> tuple[Plan, ...]:
     """The best plan per micro-batch size (best predicted TPS first), each validated. The sizes that cannot
     hold the best TPS are searched to 5% of their own best, unless `every_size` asks for full precision and
-    a shallower alternative per size (for `gp.plan`'s ranking by simulation).
+    a shallower alternative per size (for `gp.plan`'s ranking by simulation). `options` (or its fields as
+    keywords) as for `gp.plan`: `PlanOptions`.
 
     `granularity` (`graphpipe.planner.granularity`): what the planners cut between; the layer blocks in
     `open_blocks` stay at op level. "auto" returns the layer-level candidates together with those of a
     second search with the blocks at the stage boundaries of the best-TPS one opened (`gp.plan` opens
     those of the plan its own ranking picks instead)."""
     start = time.perf_counter()
-    request = make_request(graph, costs, cluster, global_batch_size, micro_batch_sizes=micro_batch_sizes,
-                           per_stage_micro_batch=per_stage_micro_batch, memory_limit=memory_limit, options=options,
-                           every_size=every_size, granularity=granularity, open_blocks=open_blocks)
-    if planner not in PLANNERS:
-        raise PlanningError(f"unknown planner {planner!r}; choose one of {', '.join(PLANNER_NAMES)}")
+    request = make_request(graph, costs, cluster, global_batch_size, options, every_size=every_size,
+                           open_blocks=open_blocks, **fields)
+    planner, granularity = request.options.planner, request.granularity
     if granularity != "auto" or open_blocks:
         plans = _candidates(request, planner)
     else:

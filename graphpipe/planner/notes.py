@@ -8,6 +8,7 @@ would, so the planner says so.
 
 from __future__ import annotations
 
+from graphpipe.cost.formulas.sample_split import share_size
 from graphpipe.graph.op_graph import OpGraph, OpNode
 from graphpipe.stages.stage_graph import Plan
 
@@ -27,7 +28,7 @@ def batch_coupled_ops(graph: OpGraph) -> tuple[str, ...]:
 def batch_coupling_notes(graph: OpGraph, plan: Plan) -> tuple[str, ...]:
     """One note when a batch-coupled op sees fewer samples per call than the mini-batch."""
     coupled = set(batch_coupled_ops(graph))
-    shares = sorted({stage.micro_batch_size // len(stage.ranks) for stage in plan.stages
+    shares = sorted({share_size(stage.micro_batch_size, len(stage.ranks)) for stage in plan.stages
                      if coupled & set(stage.ops)})
     if not shares or shares[-1] >= plan.global_batch_size:
         return ()

@@ -18,6 +18,7 @@ from graphpipe.cost.cost_table import CostTable
 from graphpipe.graph.layers import LayerBlock, coarsen_units, layer_blocks
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.graph.sp import SPChain, SPLeaf, StageUnits, sp_decompose, stage_units
+from graphpipe.planner.options import PlanOptions
 from graphpipe.planner.stage_cost import CostModel
 
 
@@ -31,7 +32,7 @@ class PlanRequest:
     memory_limit: float
     per_stage_micro_batch: bool = False
     every_size: bool = False  # every size to full precision, with a shallower alternative (see partition_sp)
-    options: dict[str, float] = field(default_factory=dict)  # planner-specific limits (time, downsets)
+    options: PlanOptions = field(default_factory=PlanOptions)  # as asked (the limits of Piper, PipeDream, ...)
     granularity: str = "op"  # "op" | "layer" | "auto" (layer units here; see the module docstring)
     open_blocks: frozenset[str] = frozenset()  # paths of layer blocks kept at op level
 

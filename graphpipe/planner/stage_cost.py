@@ -13,16 +13,21 @@ better). The data-parallel ring all-reduce of the stage's gradients happens once
 iteration; spread over the B samples of the mini-batch:
 
     TPS = (fwd + bwd + comm) / b + all_reduce / B
+
+The formulas live in `graphpipe.cost.formulas` (shared with the DP's numpy tables and the simulator);
+this module chooses what they are applied to: the ops, the links before placement, the batch per device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from graphpipe.cost.cluster import Cluster, Link
 from graphpipe.cost.cost_table import CostTable
+from graphpipe.cost.formulas.communication import p2p_ms, ring_all_reduce_ms
+from graphpipe.cost.formulas.time_per_sample import time_per_sample_ms
 from graphpipe.graph.op_graph import OpGraph
+from graphpipe.stages.stage_cost import StageCost
 
 
 def p2p_link(cluster: Cluster) -> Link:
@@ -33,39 +38,6 @@ def p2p_link(cluster: Cluster) -> Link:
 def all_reduce_link(cluster: Cluster, num_devices: int) -> Link:
     """A group that fits in one node is placed inside one node."""
     return cluster.intra_node if num_devices <= cluster.devices_per_node else cluster.inter_node
-
-
-def ring_all_reduce_ms(link: Link, grad_bytes: float, num_devices: int) -> float:
-    """Ring all-reduce: 2 (d - 1) / d × bytes / bandwidth + 2 (d - 1) × latency; free when d = 1."""
-    if num_devices <= 1 or grad_bytes <= 0:
-        return 0.0
-    steps = 2 * (num_devices - 1)
-    return steps / num_devices * grad_bytes / (link.bandwidth_gb_per_s * 1e9) * 1e3 + steps * link.latency_us / 1e3
-
-
-def p2p_ms(link: Link, num_messages: int, num_bytes: float) -> float:
-    """Activations forward plus gradients backward for one micro-batch."""
-    if num_messages <= 0:
-        return 0.0
-    return 2 * (num_messages * link.latency_us / 1e3 + num_bytes / (link.bandwidth_gb_per_s * 1e9) * 1e3)
-
-
-def time_per_sample_ms(compute_ms: float, comm_ms: float, all_reduce_ms: float, micro_batch_size: int,
-                       global_batch_size: int) -> float:
-    return (compute_ms + comm_ms) / micro_batch_size + all_reduce_ms / global_batch_size
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StageCost:
-    """One micro-batch on one device of a stage."""
-
-    fwd_ms: float
-    bwd_ms: float
-    comm_ms: float
-    all_reduce_ms: float  # once per iteration
-    tps_ms: float
-    param_bytes: int
-    act_bytes: int  # stored activations of one micro-batch on one device
 
 
 class CostModel:

@@ -34,7 +34,7 @@ the two non-default modes, with the fix (capture with fx, so BatchNorm stays a m
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx
@@ -90,7 +90,7 @@ class _RunningStatsRule(BatchNormRule):
         flat = torch.cat([module.take_moments() for module in self.modules])
         if len(self.ranks) > 1:
             self.transport.all_reduce_sum_(flat, self.ranks)
-        for module, moments in zip(self.modules, flat.split([m.num_features * 2 + 1 for m in self.modules])):
+        for module, moments in zip(self.modules, torch.split(flat, [m.num_features * 2 + 1 for m in self.modules])):
             module.update_running_stats(moments)
 
 
@@ -137,7 +137,8 @@ class PipelineBatchNorm(nn.Module):
         if not self.training:
             return self._eval_forward(x)
         if self.mode == "sync":
-            out, totals = _SyncBatchNormFn.apply(x, self.weight, self.bias, self.eps, self._transport, self._ranks)
+            sync_batch_norm = cast(Callable[..., tuple[torch.Tensor, torch.Tensor]], _SyncBatchNormFn.apply)
+            out, totals = sync_batch_norm(x, self.weight, self.bias, self.eps, self._transport, self._ranks)
             self._accumulate(totals)
             return out
         self._accumulate(_local_moments(x.detach()))

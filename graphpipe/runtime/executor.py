@@ -78,10 +78,23 @@ class StageExecutor:
         self._known: dict[tuple[int, str], tuple[torch.dtype, tuple[int, ...]]] = {}  # (peer, value) -> meta
         self._sent_header: set[tuple[int, str]] = set()
         self.events: list[ActionEvent] = []
+        self.handlers = self._dispatch_table()
+
+    def _dispatch_table(self) -> dict[ActionKind, Callable[[Action], None]]:
+        """What runs each action kind; `run` refuses a schedule with a kind that is missing here."""
+        return {ActionKind.FORWARD: lambda a: self._forward(a.micro_batch),
+                ActionKind.BACKWARD: lambda a: self._backward(a.micro_batch),
+                ActionKind.SEND_ACT: lambda a: self._send_act(a.micro_batch, a.peer),
+                ActionKind.RECV_ACT: lambda a: self._recv_act(a.micro_batch, a.peer),
+                ActionKind.SEND_GRAD: lambda a: self._send_grad(a.micro_batch, a.peer),
+                ActionKind.RECV_GRAD: lambda a: self._recv_grad(a.micro_batch, a.peer),
+                ActionKind.ALL_REDUCE: lambda a: self._all_reduce(),
+                ActionKind.STEP: lambda a: self._step()}
 
     # ---- one mini-batch ----------------------------------------------------------------------
     def run(self, actions: Sequence[Action], data: Mapping[str, Any], targets: Any) -> torch.Tensor:
         """Run `actions`; returns this rank's share of the mini-batch loss (0 off the sink)."""
+        self._check_handled(actions)
         self._data, self._targets = data, targets
         self._states: dict[int, _MicroBatchState] = {}
         self._local_loss = torch.zeros((), device=self.transport.device)
@@ -99,23 +112,19 @@ class StageExecutor:
         self.transport.flush()
         return self._local_loss
 
+    def _check_handled(self, actions: Sequence[Action]) -> None:
+        """Refuse before the first action (not midway, with peers waiting) a kind this executor cannot run."""
+        for action in actions:
+            if action.kind not in self.handlers:
+                raise TrainingError(f"rank {self.rank}: stage {self.spec.stage_idx} has no handler for action kind "
+                                    f"{action.kind.name} ({action}); the executor runs "
+                                    f"{', '.join(kind.name for kind in self.handlers)}")
+
     def _run_action(self, action: Action) -> None:
-        kind = action.kind
-        if kind is ActionKind.FORWARD:
-            self._forward(action.micro_batch)
-        elif kind is ActionKind.BACKWARD:
-            self._backward(action.micro_batch)
-        elif kind is ActionKind.SEND_ACT:
-            self._send_act(action.micro_batch, action.peer)
-        elif kind is ActionKind.RECV_ACT:
-            self._recv_act(action.micro_batch, action.peer)
-        elif kind is ActionKind.SEND_GRAD:
-            self._send_grad(action.micro_batch, action.peer)
-        elif kind is ActionKind.RECV_GRAD:
-            self._recv_grad(action.micro_batch, action.peer)
-        elif kind is ActionKind.ALL_REDUCE:
-            self._all_reduce()
-        elif kind is ActionKind.STEP and self.on_step is not None:
+        self.handlers[action.kind](action)
+
+    def _step(self) -> None:
+        if self.on_step is not None:
             self.on_step()
 
     def _state(self, micro_batch: int) -> _MicroBatchState:

@@ -2,7 +2,8 @@
 
 The samples of a stage's micro-batch are split evenly and contiguously over its ranks,
 so the mini-batch is a sequence of *share blocks* of b / d samples: block k belongs to
-micro-batch k // d and to the stage's (k % d)-th rank. A stage-level message (samples
+micro-batch k // d and to the stage's (k % d)-th rank (`graphpipe.cost.formulas.sample_split`,
+the split the simulator times). A stage-level message (samples
 [n*g, (n+1)*g), see `graphpipe.schedule.messages`) is lowered into *pieces*: the
 intersections of this rank's blocks with the peer stage's blocks, in increasing sample
 order. Both ends compute the same pieces in the same order, so per rank pair the sends
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from graphpipe.cost.formulas.sample_split import rank_share, share_blocks
 from graphpipe.schedule.messages import message_samples
 from graphpipe.stages.stage_graph import Plan, Stage
 
@@ -28,22 +30,13 @@ class Piece:
 
 def share(stage: Stage, rank: int, micro_batch: int) -> tuple[int, int]:
     """The samples [start, stop) of `micro_batch` that `rank` of `stage` computes."""
-    per_rank = stage.micro_batch_size // len(stage.ranks)
-    start = micro_batch * stage.micro_batch_size + stage.ranks.index(rank) * per_rank
-    return start, start + per_rank
+    return rank_share(stage.micro_batch_size, stage.ranks, rank, micro_batch)
 
 
 def blocks(stage: Stage, start: int, stop: int) -> list[Piece]:
     """The stage's share blocks cut to [start, stop), each with the rank that owns it."""
-    per_rank = stage.micro_batch_size // len(stage.ranks)
-    out = []
-    pos = start
-    while pos < stop:
-        block = pos // per_rank
-        end = min(stop, (block + 1) * per_rank)
-        out.append(Piece(start=pos, stop=end, peer_rank=stage.ranks[block % len(stage.ranks)]))
-        pos = end
-    return out
+    return [Piece(start=a, stop=b, peer_rank=owner)
+            for owner, a, b in share_blocks(stage.micro_batch_size, stage.ranks, start, stop)]
 
 
 def message_pieces(plan: Plan, rank: int, stage_idx: int, peer_idx: int, message: int) -> list[Piece]:

@@ -14,9 +14,14 @@ from graphpipe.runtime.executor import ActionEvent
 from graphpipe.schedule.action import ActionKind
 from graphpipe.serde import write_json_atomic
 
-_CATEGORY = {ActionKind.FORWARD: "compute", ActionKind.BACKWARD: "compute", ActionKind.SEND_ACT: "send",
-             ActionKind.SEND_GRAD: "send", ActionKind.RECV_ACT: "recv", ActionKind.RECV_GRAD: "recv",
-             ActionKind.ALL_REDUCE: "allreduce", ActionKind.STEP: "step"}
+
+def _category(kind: ActionKind) -> str:
+    """The trace category, read from the kind's properties so a new kind needs no entry here."""
+    if kind.is_compute:
+        return "compute"
+    if kind.is_message:
+        return "send" if kind.is_send else "recv"
+    return "allreduce" if kind.is_collective else "step"
 
 
 def rank_trace(rank: int, stage_idx: int, steps: Sequence[Sequence[ActionEvent]], origin_s: float) -> dict[str, Any]:
@@ -28,7 +33,7 @@ def rank_trace(rank: int, stage_idx: int, steps: Sequence[Sequence[ActionEvent]]
     for step_idx, step in enumerate(steps):
         for event in step:
             action = event.action
-            events.append({"name": str(action).split(".", 1)[1], "cat": _CATEGORY[action.kind], "ph": "X",
+            events.append({"name": str(action).split(".", 1)[1], "cat": _category(action.kind), "ph": "X",
                            "pid": stage_idx, "tid": rank, "ts": (event.start_s - origin_s) * 1e6,
                            "dur": max((event.end_s - event.start_s) * 1e6, 0.0),
                            "args": {"action": str(action), "micro_batch": action.micro_batch, "step": step_idx}})

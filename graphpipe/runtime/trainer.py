@@ -35,6 +35,8 @@ from graphpipe.schedule.action import Action, ActionKind
 from graphpipe.schedule.schedule import Schedule
 from graphpipe.stages.stage_graph import Plan
 
+__all__ = ["PipelineTrainer"]
+
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 

@@ -42,7 +42,7 @@ class WeightsFile:
 
             with safe_open(str(self.path), framework="pt") as handle:
                 return {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}  # noqa: SIM118
-        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.filesystem import FileSystemReader
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
         metadata = FileSystemReader(str(self.path)).read_metadata().state_dict_metadata
@@ -71,10 +71,10 @@ class WeightsFile:
             return {key: handle.get_tensor(key).to(dtype) for key, (_, dtype) in wanted.items()}
 
     def _read_dcp(self, wanted: Mapping[str, tuple[torch.Size, torch.dtype]]) -> dict[str, torch.Tensor]:
-        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict_loader import load
 
         state = {key: torch.empty(shape, dtype=dtype) for key, (shape, dtype) in wanted.items()}
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.filterwarnings("ignore", message=".*single process.*")
-            dcp.load(state, checkpoint_id=str(self.path), no_dist=True)
+            load(state, checkpoint_id=str(self.path), no_dist=True)
         return state

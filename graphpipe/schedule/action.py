@@ -39,36 +39,182 @@ from enum import Enum
 from graphpipe.errors import ScheduleError
 
 
+class Compute(str, Enum):
+    """Which computation a compute action runs."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+
+
+class Payload(str, Enum):
+    """What a message carries. Activations flow to successor stages, gradients back to predecessors."""
+
+    ACTIVATION = "activation"
+    GRADIENT = "gradient"
+
+    @property
+    def direction(self) -> str:
+        """The message direction in text forms and message keys: "F" (forward) or "B" (backward)."""
+        return "F" if self is Payload.ACTIVATION else "B"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Traits:
+    """What an action kind does; the one place a new kind is described (see `ActionKind`)."""
+
+    compute: Compute | None = None
+    consumes: Payload | None = None  # a compute kind: received from every peer before it runs
+    produces: Payload | None = None  # a compute kind: sent to every peer after it runs
+    sends: Payload | None = None
+    receives: Payload | None = None
+    collective: bool = False  # the data-parallel (and shared-weight) gradient all-reduce
+    step: bool = False  # the optimizer step
+
+
 class ActionKind(str, Enum):
-    FORWARD = "F"
-    BACKWARD = "B"
-    SEND_ACT = "SF"
-    RECV_ACT = "RF"
-    SEND_GRAD = "SB"
-    RECV_GRAD = "RB"
-    ALL_REDUCE = "AR"
-    STEP = "STEP"
+    """The kinds of schedule action, each with its text code and `Traits`.
+
+    Everything that runs, lowers, checks or simulates schedules reads these properties instead of
+    naming kinds, so a new kind (say a weight-gradient compute) is added here, plus a handler in
+    the executor and a cost in the simulator, which refuse kinds they do not know.
+    """
+
+    _value_: str
+    traits: Traits
+
+    FORWARD = "F", Traits(compute=Compute.FORWARD, consumes=Payload.ACTIVATION, produces=Payload.ACTIVATION)
+    BACKWARD = "B", Traits(compute=Compute.BACKWARD, consumes=Payload.GRADIENT, produces=Payload.GRADIENT)
+    SEND_ACT = "SF", Traits(sends=Payload.ACTIVATION)
+    RECV_ACT = "RF", Traits(receives=Payload.ACTIVATION)
+    SEND_GRAD = "SB", Traits(sends=Payload.GRADIENT)
+    RECV_GRAD = "RB", Traits(receives=Payload.GRADIENT)
+    ALL_REDUCE = "AR", Traits(collective=True)
+    STEP = "STEP", Traits(step=True)
+
+    def __new__(cls, code: str, traits: Traits) -> ActionKind:
+        member = str.__new__(cls, code)
+        member._value_ = code
+        member.traits = traits
+        return member
+
+    @property
+    def code(self) -> str:
+        """The kind's part of the text form ("F", "SF", "AR", ...)."""
+        return self._value_
+
+    @property
+    def compute(self) -> Compute | None:
+        return self.traits.compute
 
     @property
     def is_compute(self) -> bool:
-        return self in _COMPUTE
+        return self.traits.compute is not None
+
+    @property
+    def sends(self) -> Payload | None:
+        return self.traits.sends
+
+    @property
+    def receives(self) -> Payload | None:
+        return self.traits.receives
 
     @property
     def is_send(self) -> bool:
-        return self in _SENDS
+        return self.traits.sends is not None
 
     @property
     def is_recv(self) -> bool:
-        return self in _RECVS
+        return self.traits.receives is not None
+
+    @property
+    def is_message(self) -> bool:
+        """A send or a receive: it names a peer stage and a message number."""
+        return self.payload is not None
+
+    @property
+    def payload(self) -> Payload | None:
+        """What a send or receive carries; None for other kinds."""
+        return self.traits.sends or self.traits.receives
+
+    @property
+    def direction(self) -> str:
+        """The message direction, "F" (activations) or "B" (gradients); only sends and receives have one."""
+        if self.payload is None:
+            raise ValueError(f"action kind {self.name} carries no message, so it has no direction")
+        return self.payload.direction
+
+    @property
+    def peer_is_upstream(self) -> bool:
+        """Whether a send's or receive's peer is a predecessor stage (the message's edge is peer -> stage)."""
+        return self.is_recv == (self.payload is Payload.ACTIVATION)
+
+    @property
+    def consumes(self) -> Payload | None:
+        return self.traits.consumes
+
+    @property
+    def produces(self) -> Payload | None:
+        return self.traits.produces
+
+    @property
+    def is_collective(self) -> bool:
+        return self.traits.collective
+
+    @property
+    def is_step(self) -> bool:
+        return self.traits.step
+
+    @property
+    def has_micro_batch(self) -> bool:
+        """Computes and messages carry a micro-batch (or message) number; AR and STEP do not."""
+        return self.is_compute or self.is_message
 
 
-# Plain sets (not enum attribute lookups) keep these checks cheap in the simulator's inner loop.
-_COMPUTE = frozenset({ActionKind.FORWARD, ActionKind.BACKWARD})
-_SENDS = frozenset({ActionKind.SEND_ACT, ActionKind.SEND_GRAD})
-_RECVS = frozenset({ActionKind.RECV_ACT, ActionKind.RECV_GRAD})
+def send_kind(payload: Payload) -> ActionKind:
+    """The kind that sends `payload`."""
+    return _ONE_KIND[("sends", payload)]
 
 
-_PATTERN = re.compile(r"^s(\d+)\.(?:(STEP|AR)|(F|B)(\d+)|(SF|SB)(\d+)>s(\d+)|(RF|RB)(\d+)<s(\d+))$")
+def recv_kind(payload: Payload) -> ActionKind:
+    """The kind that receives `payload`."""
+    return _ONE_KIND[("receives", payload)]
+
+
+def producer_kind(payload: Payload) -> ActionKind:
+    """The compute kind whose result is sent as `payload`."""
+    return _ONE_KIND[("produces", payload)]
+
+
+def _one_kind_per_role() -> dict[tuple[str, Payload], ActionKind]:
+    table: dict[tuple[str, Payload], ActionKind] = {}
+    for kind in ActionKind:
+        for role in ("sends", "receives", "produces"):
+            payload = getattr(kind.traits, role)
+            if payload is not None:
+                if (role, payload) in table:
+                    raise TypeError(f"{kind.name} and {table[(role, payload)].name} both have {role}={payload.value}")
+                table[(role, payload)] = kind
+    return table
+
+
+_ONE_KIND = _one_kind_per_role()
+_BY_CODE = {kind.code: kind for kind in ActionKind}
+
+
+def _codes(pick: str) -> str:
+    return "|".join(kind.code for kind in ActionKind if pick == _shape(kind))
+
+
+def _shape(kind: ActionKind) -> str:
+    if kind.is_send:
+        return "send"
+    if kind.is_recv:
+        return "recv"
+    return "numbered" if kind.has_micro_batch else "plain"
+
+
+_PATTERN = re.compile(rf"^s(\d+)\.(?:({_codes('plain')})|({_codes('numbered')})(\d+)|({_codes('send')})(\d+)>s(\d+)"
+                      rf"|({_codes('recv')})(\d+)<s(\d+))$")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,16 +225,16 @@ class Action:
     peer: int = -1  # the other stage of a send or receive
 
     def __post_init__(self) -> None:
-        code = self.kind.value
-        if (code not in ("AR", "STEP")) != (self.micro_batch >= 0):
+        code = self.kind.code
+        if self.kind.has_micro_batch != (self.micro_batch >= 0):
             raise ScheduleError(f"action {code} on stage {self.stage}: micro-batch {self.micro_batch}")
-        if (len(code) == 2 and code[1] in "FB") != (self.peer >= 0):
+        if self.kind.is_message != (self.peer >= 0):
             raise ScheduleError(f"action {code} on stage {self.stage}: peer {self.peer}")
 
     def __str__(self) -> str:
-        code = self.kind.value
+        code = self.kind.code
         if self.peer >= 0:  # a send (">") or a receive ("<")
-            return f"s{self.stage}.{code}{self.micro_batch}{'>' if code[0] == 'S' else '<'}s{self.peer}"
+            return f"s{self.stage}.{code}{self.micro_batch}{'>' if self.kind.is_send else '<'}s{self.peer}"
         if self.micro_batch >= 0:
             return f"s{self.stage}.{code}{self.micro_batch}"
         return f"s{self.stage}.{code}"
@@ -101,12 +247,12 @@ class Action:
                                 "s2.AR, s2.STEP")
         stage = int(match[1])
         if match[2]:
-            return cls(stage=stage, kind=ActionKind(match[2]))
+            return cls(stage=stage, kind=_BY_CODE[match[2]])
         if match[3]:
-            return cls(stage=stage, kind=ActionKind(match[3]), micro_batch=int(match[4]))
+            return cls(stage=stage, kind=_BY_CODE[match[3]], micro_batch=int(match[4]))
         if match[5]:
-            return cls(stage=stage, kind=ActionKind(match[5]), micro_batch=int(match[6]), peer=int(match[7]))
-        return cls(stage=stage, kind=ActionKind(match[8]), micro_batch=int(match[9]), peer=int(match[10]))
+            return cls(stage=stage, kind=_BY_CODE[match[5]], micro_batch=int(match[6]), peer=int(match[7]))
+        return cls(stage=stage, kind=_BY_CODE[match[8]], micro_batch=int(match[9]), peer=int(match[10]))
 
 
 def F(stage: int, micro_batch: int) -> Action:  # noqa: N802 - reads like the text form

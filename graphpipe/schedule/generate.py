@@ -1,4 +1,8 @@
-"""Make a schedule for a plan: pick the generator by name."""
+"""Make a schedule for a plan: pick the generator by name.
+
+`GENERATORS` is the registry: the one list of schedule names. The command line's choices,
+help texts and error messages read `SCHEDULE_NAMES`, so a new schedule is added here only.
+"""
 
 from __future__ import annotations
 
@@ -16,12 +20,14 @@ GENERATORS: dict[str, Callable[[Plan], Schedule]] = {
     "gpipe": make_gpipe,
     "kfkb": make_kfkb,
 }
+SCHEDULE_NAMES: tuple[str, ...] = tuple(GENERATORS)
+DEFAULT_SCHEDULE = "1f1b"
 
 
-def make_schedule(plan: Plan, kind: str = "1f1b") -> Schedule:
-    """The per-stage action lists of `kind` ("1f1b", "gpipe" or "kfkb") for `plan`."""
+def make_schedule(plan: Plan, kind: str = DEFAULT_SCHEDULE) -> Schedule:
+    """The per-stage action lists of `kind` (one of `SCHEDULE_NAMES`) for `plan`."""
     try:
         generator = GENERATORS[kind]
     except KeyError:
-        raise ScheduleError(f"unknown schedule {kind!r}; choose one of {', '.join(GENERATORS)}") from None
+        raise ScheduleError(f"unknown schedule {kind!r}; choose one of {', '.join(SCHEDULE_NAMES)}") from None
     return generator(plan)

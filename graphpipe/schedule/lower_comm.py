@@ -1,6 +1,7 @@
 """Lower communication onto a compute order: the sends and receives of every stage edge.
 
-Given each stage's order of forwards and backwards, insert
+Given each stage's order of computes, insert what each compute kind consumes before it and
+produces after it (`ActionKind.consumes`, `ActionKind.produces`):
 
 - before `F m`: `RF n<p` for every predecessor p (sorted) and every message n of m;
 - after `F m`: `SF n>s` for every successor s (sorted): fan-out sends one copy to each;
@@ -25,14 +26,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from graphpipe.schedule.action import Action, ActionKind
+from graphpipe.errors import ScheduleError
+from graphpipe.schedule.action import Action, ActionKind, recv_kind, send_kind
 from graphpipe.schedule.messages import messages_of
 from graphpipe.schedule.schedule import Schedule
 from graphpipe.stages.stage_graph import Plan
 
 
 def lower_comm(plan: Plan, compute: Mapping[int, Sequence[Action]], kind: str) -> Schedule:
-    """The full schedule: `compute` (per stage, F and B actions only) with communication inserted."""
+    """The full schedule: `compute` (per stage, compute actions only) with communication inserted."""
     actions = {stage.idx: _lower_stage(plan, stage.idx, compute[stage.idx]) for stage in plan.stages}
     counts = {stage.idx: plan.num_micro_batches(stage.idx) for stage in plan.stages}
     return Schedule(kind=kind, num_micro_batches=counts, actions=actions)
@@ -41,21 +43,22 @@ def lower_comm(plan: Plan, compute: Mapping[int, Sequence[Action]], kind: str) -
 def _lower_stage(plan: Plan, idx: int, compute: Sequence[Action]) -> tuple[Action, ...]:
     out: list[Action] = []
     for action in compute:
-        if action.kind is ActionKind.FORWARD:
-            out += _comm(plan, idx, action.micro_batch, ActionKind.RECV_ACT, plan.predecessors[idx], upstream=True)
-            out.append(action)
-            out += _comm(plan, idx, action.micro_batch, ActionKind.SEND_ACT, plan.successors[idx], upstream=False)
-        else:
-            out += _comm(plan, idx, action.micro_batch, ActionKind.RECV_GRAD, plan.successors[idx], upstream=False)
-            out.append(action)
-            out += _comm(plan, idx, action.micro_batch, ActionKind.SEND_GRAD, plan.predecessors[idx], upstream=True)
+        kind = action.kind
+        if not kind.is_compute:
+            raise ScheduleError(f"lowering takes compute actions only, got {action}")
+        if kind.consumes is not None:
+            out += _comm(plan, idx, action.micro_batch, recv_kind(kind.consumes))
+        out.append(action)
+        if kind.produces is not None:
+            out += _comm(plan, idx, action.micro_batch, send_kind(kind.produces))
     out += [Action(stage=idx, kind=ActionKind.ALL_REDUCE), Action(stage=idx, kind=ActionKind.STEP)]
     return tuple(out)
 
 
-def _comm(plan: Plan, idx: int, micro_batch: int, kind: ActionKind, peers: Sequence[int],
-          *, upstream: bool) -> list[Action]:
-    """One action per message of `micro_batch` on each edge to `peers` (upstream: peer -> idx)."""
+def _comm(plan: Plan, idx: int, micro_batch: int, kind: ActionKind) -> list[Action]:
+    """One `kind` action per message of `micro_batch` on each edge to the peers `kind` talks to."""
+    upstream = kind.peer_is_upstream
+    peers = plan.predecessors[idx] if upstream else plan.successors[idx]
     out: list[Action] = []
     for peer in peers:
         src, dst = (peer, idx) if upstream else (idx, peer)

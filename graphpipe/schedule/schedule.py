@@ -13,10 +13,12 @@ from typing import Any
 from graphpipe.errors import ScheduleError
 from graphpipe.schedule.action import Action
 
+__all__ = ["Schedule"]
+
 
 @dataclass(frozen=True, kw_only=True)
 class Schedule:
-    kind: str  # "1f1b", "gpipe", "kfkb"
+    kind: str  # the generator's name, one of `generate.SCHEDULE_NAMES`
     num_micro_batches: Mapping[int, int]  # per stage
     actions: Mapping[int, tuple[Action, ...]]  # per stage, in execution order
 

@@ -16,14 +16,11 @@ from __future__ import annotations
 from collections import defaultdict
 
 from graphpipe.errors import ScheduleError
-from graphpipe.schedule.action import Action, ActionKind
+from graphpipe.schedule.action import Action, ActionKind, producer_kind, recv_kind
 from graphpipe.schedule.grid import format_grid
 from graphpipe.schedule.messages import messages_of, micro_batch_of, num_messages
 from graphpipe.schedule.schedule import Schedule
 from graphpipe.stages.stage_graph import Plan
-
-_COMPUTE_OF = {ActionKind.RECV_ACT: ActionKind.FORWARD, ActionKind.SEND_ACT: ActionKind.FORWARD,
-               ActionKind.RECV_GRAD: ActionKind.BACKWARD, ActionKind.SEND_GRAD: ActionKind.BACKWARD}
 
 
 def validate_schedule(schedule: Schedule, plan: Plan) -> None:
@@ -52,7 +49,7 @@ def _check_stage(schedule: Schedule, plan: Plan, idx: int) -> None:
     tail = tuple(a.kind for a in actions[-2:])
     if tail != (ActionKind.ALL_REDUCE, ActionKind.STEP):
         raise _fail(schedule, idx, max(0, len(actions) - 1), "a stage must end with AR then STEP")
-    done: dict[ActionKind, int] = {ActionKind.FORWARD: 0, ActionKind.BACKWARD: 0}  # next expected micro-batch
+    done = {kind: 0 for kind in ActionKind if kind.is_compute}  # next expected micro-batch
     seen: set[tuple[ActionKind, int, int]] = set()
     for step, action in enumerate(actions[:-2]):
         why = _check_action(plan, idx, action, done, seen)
@@ -66,51 +63,63 @@ def _check_stage(schedule: Schedule, plan: Plan, idx: int) -> None:
             have = sum(1 for k, p, _ in seen if k is kind and p == peer)
             if have != num_messages(plan, src, dst):
                 raise _fail(schedule, idx, len(actions) - 2,
-                            f"{have} {kind.value} actions with s{peer}, expected {num_messages(plan, src, dst)}")
+                            f"{have} {kind.code} actions with s{peer}, expected {num_messages(plan, src, dst)}")
 
 
-def _edges_of(plan: Plan, idx: int) -> list[tuple[int, int, int, tuple[ActionKind, ActionKind]]]:
-    ups = [(p, p, idx, (ActionKind.RECV_ACT, ActionKind.SEND_GRAD)) for p in plan.predecessors[idx]]
-    downs = [(s, idx, s, (ActionKind.SEND_ACT, ActionKind.RECV_GRAD)) for s in plan.successors[idx]]
-    return ups + downs
+def _edges_of(plan: Plan, idx: int) -> list[tuple[int, int, int, tuple[ActionKind, ...]]]:
+    """(peer, src, dst, the message kinds stage `idx` must list with that peer) for every edge."""
+    ups = tuple(kind for kind in ActionKind if kind.is_message and kind.peer_is_upstream)
+    downs = tuple(kind for kind in ActionKind if kind.is_message and not kind.peer_is_upstream)
+    return [(p, p, idx, ups) for p in plan.predecessors[idx]] + [(s, idx, s, downs) for s in plan.successors[idx]]
 
 
 def _check_action(plan: Plan, idx: int, action: Action, done: dict[ActionKind, int],
                   seen: set[tuple[ActionKind, int, int]]) -> str:
     """Why `action` is wrong at this point of stage `idx`'s list, or '' when it is fine."""
     kind, mb = action.kind, action.micro_batch
-    if kind in (ActionKind.ALL_REDUCE, ActionKind.STEP):
+    if not kind.has_micro_batch:
         return "AR and STEP come once, at the end"
     if kind.is_compute:
-        if mb != done[kind]:
-            return f"expected {kind.value}{done[kind]} next (micro-batches run in order)"
-        if kind is ActionKind.BACKWARD and mb >= done[ActionKind.FORWARD]:
-            return f"B{mb} before F{mb}"
-        needed = ActionKind.RECV_ACT if kind is ActionKind.FORWARD else ActionKind.RECV_GRAD
-        peers = plan.predecessors[idx] if kind is ActionKind.FORWARD else plan.successors[idx]
-        for peer in peers:
-            src, dst = (peer, idx) if kind is ActionKind.FORWARD else (idx, peer)
-            missing = [n for n in messages_of(plan, idx, mb, src, dst) if (needed, peer, n) not in seen]
-            if missing:
-                return f"{kind.value}{mb} runs before receiving message(s) {missing} from s{peer}"
-        done[kind] += 1
-        return ""
-    upstream = kind in (ActionKind.RECV_ACT, ActionKind.SEND_GRAD)
+        why = _check_compute(plan, idx, action, done, seen)
+        if not why:
+            done[kind] += 1
+        return why
+    upstream = kind.peer_is_upstream
     peers = plan.predecessors[idx] if upstream else plan.successors[idx]
     if action.peer not in peers:
         side = "predecessor" if upstream else "successor"
-        return f"{kind.value} needs a {side} stage; s{action.peer} is not one (it has {list(peers)})"
+        return f"{kind.code} needs a {side} stage; s{action.peer} is not one (it has {list(peers)})"
     src, dst = (action.peer, idx) if upstream else (idx, action.peer)
     if not 0 <= mb < num_messages(plan, src, dst):
         return f"message {mb} out of range 0..{num_messages(plan, src, dst) - 1} on edge s{src}->s{dst}"
     if (kind, action.peer, mb) in seen:
         return "duplicate message"
-    if kind.is_send:
-        compute = _COMPUTE_OF[kind]
+    if kind.sends is not None:
+        compute = producer_kind(kind.sends)
         owner = micro_batch_of(plan, idx, mb, src, dst)
         if owner >= done[compute]:
-            return f"{kind.value}{mb} before the {compute.value}{owner} that produces it"
+            return f"{kind.code}{mb} before the {compute.code}{owner} that produces it"
     seen.add((kind, action.peer, mb))
+    return ""
+
+
+def _check_compute(plan: Plan, idx: int, action: Action, done: dict[ActionKind, int],
+                   seen: set[tuple[ActionKind, int, int]]) -> str:
+    """Why compute `action` cannot run here: out of order, before its forward, or before its inputs arrived."""
+    kind, mb = action.kind, action.micro_batch
+    if mb != done[kind]:
+        return f"expected {kind.code}{done[kind]} next (micro-batches run in order)"
+    if kind is not ActionKind.FORWARD and mb >= done[ActionKind.FORWARD]:
+        return f"{kind.code}{mb} before F{mb}"
+    if kind.consumes is None:
+        return ""
+    needed = recv_kind(kind.consumes)
+    upstream = needed.peer_is_upstream
+    for peer in plan.predecessors[idx] if upstream else plan.successors[idx]:
+        src, dst = (peer, idx) if upstream else (idx, peer)
+        missing = [n for n in messages_of(plan, idx, mb, src, dst) if (needed, peer, n) not in seen]
+        if missing:
+            return f"{kind.code}{mb} runs before receiving message(s) {missing} from s{peer}"
     return ""
 
 
@@ -120,9 +129,9 @@ def _check_pair_order(schedule: Schedule, plan: Plan) -> None:
     for stage, actions in schedule.actions.items():
         for step, a in enumerate(actions):
             if a.kind.is_send:
-                streams[(stage, a.peer, a.kind.value[1], "send")].append((a.micro_batch, step))
+                streams[(stage, a.peer, a.kind.direction, "send")].append((a.micro_batch, step))
             elif a.kind.is_recv:
-                streams[(a.peer, stage, a.kind.value[1], "recv")].append((a.micro_batch, step))
+                streams[(a.peer, stage, a.kind.direction, "recv")].append((a.micro_batch, step))
     for (src, dst, direction, side), sends in list(streams.items()):
         if side != "send":
             continue
@@ -144,10 +153,10 @@ def _dry_run(schedule: Schedule) -> None:
         for stage, actions in schedule.actions.items():
             while pos[stage] < len(actions):
                 a = actions[pos[stage]]
-                if a.kind.is_recv and (a.peer, stage, a.kind.value[1], a.micro_batch) not in posted:
+                if a.kind.is_recv and (a.peer, stage, a.kind.direction, a.micro_batch) not in posted:
                     break
                 if a.kind.is_send:
-                    posted.add((stage, a.peer, a.kind.value[1], a.micro_batch))
+                    posted.add((stage, a.peer, a.kind.direction, a.micro_batch))
                 pos[stage] += 1
                 progress = True
     stuck = {s: p for s, p in pos.items() if p < len(schedule.actions[s])}

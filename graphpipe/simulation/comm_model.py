@@ -1,14 +1,14 @@
-"""Time models for communication and the optimizer step (plain arithmetic on the cluster's links).
+"""Time models for communication and the optimizer step, on the placed ranks of a plan.
 
 - A message between two stages is cut into rank-to-rank pieces: each stage spreads the
-  samples of its micro-batch evenly and contiguously over its ranks, and a piece is the
-  overlap of a sender rank's samples with a receiver rank's. Every rank sends (and
-  receives) its pieces one after another, each on the link between the two ranks
-  (latency + bytes / bandwidth, and one more latency for every further tensor of the
-  edge: the runtime sends each crossing tensor as its own message); different ranks work
-  in parallel, so the message takes as long as the busiest rank.
-- The data-parallel all-reduce is a ring over the stage's ranks on their slowest link:
-  2 (d - 1) / d × gradient bytes / bandwidth + 2 (d - 1) × latency; free when d = 1.
+  samples of its micro-batch evenly and contiguously over its ranks
+  (`graphpipe.cost.formulas.sample_split`, the runtime's split), and a piece is the overlap
+  of a sender rank's samples with a receiver rank's. Every rank sends (and receives) its
+  pieces one after another, each on the link between the two ranks
+  (`graphpipe.cost.formulas.communication.piece_ms`); different ranks work in parallel, so
+  the message takes as long as the busiest rank.
+- The data-parallel all-reduce is a ring over the stage's ranks on their slowest link
+  (`graphpipe.cost.formulas.communication.ring_all_reduce_ms`, the planner's formula).
 - Adam's step streams weights, gradients and both moments (4 reads, 3 writes of the
   parameter bytes) through device memory, plus the device's fixed `step_overhead_us`.
 """
@@ -18,21 +18,11 @@ from __future__ import annotations
 from collections import defaultdict
 
 from graphpipe.cost.cluster import Cluster
+from graphpipe.cost.formulas.communication import piece_ms, ring_all_reduce_ms
+from graphpipe.cost.formulas.sample_split import share_blocks
 from graphpipe.stages.stage_graph import Stage
 
 ADAM_PASSES = 7  # bytes moved per parameter byte by one Adam step
-
-
-def _owners(stage: Stage, start: int, stop: int) -> list[tuple[int, int, int]]:
-    """(rank, start, stop) blocks of `stage` covering samples [start, stop)."""
-    per_rank = stage.micro_batch_size // stage.data_parallel_degree
-    out, pos = [], start
-    while pos < stop:
-        block = pos // per_rank
-        end = min(stop, (block + 1) * per_rank)
-        out.append((stage.ranks[block % stage.data_parallel_degree], pos, end))
-        pos = end
-    return out
 
 
 def message_ms(cluster: Cluster, src: Stage, dst: Stage, start: int, stop: int, bytes_per_sample: float,
@@ -42,23 +32,17 @@ def message_ms(cluster: Cluster, src: Stage, dst: Stage, start: int, stop: int, 
     if bytes_per_sample <= 0 or stop <= start:
         return 0.0
     busy: dict[tuple[str, int], float] = defaultdict(float)
-    for rank_a, a_start, a_stop in _owners(src, start, stop):
-        for rank_b, b_start, b_stop in _owners(dst, a_start, a_stop):
-            link = cluster.link(rank_a, rank_b)
-            piece_ms = (link.transfer_ms((b_stop - b_start) * bytes_per_sample)
-                        + (max(1, num_tensors) - 1) * link.latency_us / 1e3)
-            busy[("send", rank_a)] += piece_ms
-            busy[("recv", rank_b)] += piece_ms
+    for rank_a, a_start, a_stop in share_blocks(src.micro_batch_size, src.ranks, start, stop):
+        for rank_b, b_start, b_stop in share_blocks(dst.micro_batch_size, dst.ranks, a_start, a_stop):
+            piece = piece_ms(cluster.link(rank_a, rank_b), (b_stop - b_start) * bytes_per_sample, num_tensors)
+            busy[("send", rank_a)] += piece
+            busy[("recv", rank_b)] += piece
     return max(busy.values(), default=0.0)
 
 
 def all_reduce_ms(cluster: Cluster, ranks: tuple[int, ...], grad_bytes: int) -> float:
-    num_ranks = len(ranks)
-    if num_ranks <= 1 or grad_bytes <= 0:
-        return 0.0
-    link = cluster.group_link(ranks)
-    steps = 2 * (num_ranks - 1)
-    return steps / num_ranks * grad_bytes / (link.bandwidth_gb_per_s * 1e9) * 1e3 + steps * link.latency_us / 1e3
+    """A ring all-reduce over `ranks`, on the slowest link among them."""
+    return ring_all_reduce_ms(cluster.group_link(ranks), grad_bytes, len(ranks))
 
 
 def stage_all_reduce_ms(cluster: Cluster, plan_ranks: tuple[int, ...], stage_ranks: tuple[int, ...],

@@ -31,12 +31,9 @@ from graphpipe.schedule.schedule import Schedule
 from graphpipe.simulation.comm_model import message_ms, optimizer_step_ms, stage_all_reduce_ms
 from graphpipe.simulation.cores import CorePool, cores_are_shared
 from graphpipe.simulation.result import Event
-from graphpipe.simulation.stage_cost import StageCost
+from graphpipe.stages.stage_cost import StageCost
 from graphpipe.stages.stage_graph import Plan
 
-_KIND_NAMES = {ActionKind.FORWARD: "forward", ActionKind.BACKWARD: "backward", ActionKind.SEND_ACT: "send",
-               ActionKind.SEND_GRAD: "send", ActionKind.RECV_ACT: "recv", ActionKind.RECV_GRAD: "recv",
-               ActionKind.ALL_REDUCE: "all_reduce", ActionKind.STEP: "step"}
 _RUN, _SEND, _RECV = 0, 1, 2
 
 Slot = tuple[int, int]  # (stage, position in its list)
@@ -153,25 +150,45 @@ class _Engine:
 
 def _compile(plan: Plan, stage: int, actions: tuple[Action, ...], cost: StageCost, cluster: Cluster) -> list[Op]:
     """Each action as (code, duration, message key, text, event kind, micro-batch)."""
-    fixed = {ActionKind.FORWARD: cost.fwd_ms, ActionKind.BACKWARD: cost.bwd_ms,
-             ActionKind.ALL_REDUCE: stage_all_reduce_ms(cluster, tuple(range(plan.world_size)),
-                                                        plan.stages[stage].ranks, cost.data_parallel_bytes,
-                                                        cost.shared_reduce_bytes),
-             ActionKind.STEP: optimizer_step_ms(cluster, cost.param_bytes)}
+    fixed = _stream_kinds(plan, stage, cost, cluster)
     transfer_cache: dict[tuple[int, int, int], float] = {}
     ops: list[Op] = []
     for action in actions:
         kind = action.kind
         if kind.is_send:
-            key = (stage, action.peer, kind.value[1], action.micro_batch)
+            key = (stage, action.peer, kind.direction, action.micro_batch)
             duration = _transfer_ms(plan, cluster, key, transfer_cache)
             ops.append((_SEND, duration, key, str(action), "send", action.micro_batch))
         elif kind.is_recv:
-            key = (action.peer, stage, kind.value[1], action.micro_batch)
+            key = (action.peer, stage, kind.direction, action.micro_batch)
             ops.append((_RECV, 0.0, key, str(action), "recv", action.micro_batch))
+        elif kind in fixed:
+            duration, event_kind = fixed[kind]
+            ops.append((_RUN, duration, None, str(action), event_kind, action.micro_batch))
         else:
-            ops.append((_RUN, fixed[kind], None, str(action), _KIND_NAMES[kind], action.micro_batch))
+            raise ScheduleError(f"stage {stage}: the simulator has no cost for action kind {kind.name} ({action})")
     return ops
+
+
+def _stream_kinds(plan: Plan, stage: int, cost: StageCost, cluster: Cluster) -> dict[ActionKind, tuple[float, str]]:
+    """Duration and event kind of every kind that occupies the stage's stream; other kinds are refused."""
+    all_reduce_ms = stage_all_reduce_ms(cluster, tuple(range(plan.world_size)), plan.stages[stage].ranks,
+                                        cost.data_parallel_bytes, cost.shared_reduce_bytes)
+    return {ActionKind.FORWARD: (cost.fwd_ms, _event_kind(ActionKind.FORWARD)),
+            ActionKind.BACKWARD: (cost.bwd_ms, _event_kind(ActionKind.BACKWARD)),
+            ActionKind.ALL_REDUCE: (all_reduce_ms, _event_kind(ActionKind.ALL_REDUCE)),
+            ActionKind.STEP: (optimizer_step_ms(cluster, cost.param_bytes), _event_kind(ActionKind.STEP))}
+
+
+def _event_kind(kind: ActionKind) -> str:
+    """Its compute ("forward", "backward"), "all_reduce" or "step": the names the Gantt chart and trace colour."""
+    if kind.compute is not None:
+        return kind.compute.value
+    if kind.is_collective:
+        return "all_reduce"
+    if kind.is_step:
+        return "step"
+    raise ScheduleError(f"action kind {kind.name} does not occupy a stage's stream")
 
 
 def _transfer_ms(plan: Plan, cluster: Cluster, key: MessageKey, cache: dict[tuple[int, int, int], float]) -> float:

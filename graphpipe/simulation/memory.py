@@ -1,15 +1,15 @@
 """Per-device memory in the simulation: static state plus the activations alive at the peak.
 
 Static state is weights + gradients + Adam's two moments = 4 × the stage's parameter
-bytes (`graphpipe.stages.memory`, the planner's formula). A micro-batch's activations are
+bytes (`graphpipe.cost.formulas.memory`, the planner's formula). A micro-batch's activations are
 alive from the start of its forward to the end of its backward; a stage's list runs in
 order, so the peak count follows from the list alone.
 """
 
 from __future__ import annotations
 
+from graphpipe.cost.formulas.memory import static_memory_bytes
 from graphpipe.schedule.action import Action, ActionKind
-from graphpipe.stages.memory import static_memory_bytes
 
 
 def static_bytes(param_bytes: int) -> int:

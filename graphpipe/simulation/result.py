@@ -13,6 +13,8 @@ from typing import Any
 
 from graphpipe.serde import int_keys
 
+__all__ = ["Event", "SimResult", "Timeline"]
+
 EVENT_KINDS = ("forward", "backward", "send", "recv", "transfer", "all_reduce", "step", "core_wait")
 
 

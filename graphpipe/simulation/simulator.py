@@ -20,13 +20,14 @@ from graphpipe.simulation.comm_model import optimizer_step_ms, stage_all_reduce_
 from graphpipe.simulation.engine import Run, run_schedule
 from graphpipe.simulation.memory import peak_live_micro_batches, static_bytes
 from graphpipe.simulation.result import SimResult, Timeline
-from graphpipe.simulation.stage_cost import StageCost, stage_costs
+from graphpipe.simulation.stage_cost import stage_costs
+from graphpipe.stages.stage_cost import StageCost
 from graphpipe.stages.stage_graph import Plan
 
 
 def simulate(plan: Plan, costs: CostTable, cluster: Cluster | None = None,
              schedule: str | Schedule = "1f1b") -> SimResult:
-    """Simulate `plan` under `schedule` ("1f1b", "gpipe", "kfkb" or a Schedule) on `cluster`.
+    """Simulate `plan` under `schedule` (a name in `SCHEDULE_NAMES`, or a Schedule) on `cluster`.
 
     `cluster` defaults to the one recorded in the plan.
     """

@@ -1,4 +1,5 @@
-"""Per-stage numbers the simulator runs on, summed from the cost table over a stage's ops.
+"""Per-stage numbers the simulator runs on (`graphpipe.stages.stage_cost.StageCost`), summed from the
+cost table over a stage's ops.
 
 Each rank of a data-parallel stage computes micro_batch_size / d samples of every
 micro-batch, so the table is read at that (possibly fractional) batch size. A device with
@@ -10,30 +11,17 @@ its stage's data-parallel all-reduce, and is summed by one all-reduce over the p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from graphpipe.cost.cluster import Device
 from graphpipe.cost.cost_table import CostTable
+from graphpipe.stages.stage_cost import StageCost
 from graphpipe.stages.stage_graph import Plan, Stage
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StageCost:
-    """One micro-batch on one rank of a stage."""
-
-    fwd_ms: float
-    bwd_ms: float
-    act_bytes: int  # activations kept from the forward until the backward
-    param_bytes: int  # weights of the stage (each rank holds a full copy), shared copies included
-    local_reduce_bytes: int = -1  # what the stage's data-parallel all-reduce sums (-1: param_bytes)
-    shared_reduce_bytes: int = 0  # every shared parameter of the plan: all of its ranks reduce them together
-
-    @property
-    def data_parallel_bytes(self) -> int:
-        return self.param_bytes if self.local_reduce_bytes < 0 else self.local_reduce_bytes
-
-
 def stage_cost(stage: Stage, costs: CostTable, device: Device | None = None) -> StageCost:
+    """Forward, backward, activations and weights of one micro-batch share; the times the engine charges for
+    messages and all-reduces it derives from the placed ranks itself."""
     per_rank = stage.micro_batch_size / stage.data_parallel_degree
     parts = [costs.at(op, per_rank) for op in stage.ops]
     fwd_extra_ms = device.fwd_action_overhead_us / 1e3 if device else 0.0

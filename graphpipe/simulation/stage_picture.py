@@ -14,6 +14,7 @@ from collections import Counter
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.simulation.layout import layered_positions
 from graphpipe.stages.stage_graph import Plan, Stage
+from graphpipe.units import format_bytes
 
 BOX_W, BOX_H = 0.64, 0.72  # in column / row units
 COL_IN, ROW_IN = 3.6, 1.35  # inches per column / row
@@ -39,7 +40,7 @@ def render_stage_graph(plan: Plan, path: str | os.PathLike[str], *, graph: OpGra
     num_skips = 0
     for edge in plan.edges:
         (x0, y0), (x1, y1) = pos[edge.src], pos[edge.dst]
-        label = _bytes(edge.bytes_per_sample * plan.stages[edge.src].micro_batch_size)
+        label = format_bytes(edge.bytes_per_sample * plan.stages[edge.src].micro_batch_size)
         if x1 - x0 > 1:  # jumps over a column: route it on a lane above every box
             num_skips += 1
             lane = top - 0.12 * num_skips
@@ -77,7 +78,7 @@ def _box_text(stage: Stage, graph: OpGraph | None) -> str:
         lines.append(kinds)
     lines.append(f"in-flight {stage.in_flight_samples} samples")
     if stage.memory_bytes:
-        lines[-1] += f" · {_bytes(stage.memory_bytes)}"
+        lines[-1] += f" · {format_bytes(stage.memory_bytes)}"
     return "\n".join(lines)
 
 
@@ -107,13 +108,6 @@ def _ranks(ranks: tuple[int, ...]) -> str:
     if list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
         return f"ranks {ranks[0]}-{ranks[-1]}"
     return "ranks " + ",".join(map(str, ranks))
-
-
-def _bytes(num: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if num >= scale:
-            return f"{num / scale:.1f} {unit}"
-    return f"{num:.0f} B"
 
 
 def _colour(stage: Stage, plan: Plan) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from graphpipe.cost.sources import CostSource
 from graphpipe.errors import PlanValidationError
 from graphpipe.serde import JsonFile
 
@@ -113,6 +114,9 @@ class Plan(JsonFile):
     # ranks sums their gradients): name -> {"bytes", "owner" (the stage the costs count it in), "stages"}.
     shared_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     granularity: str = "op"  # what the planner cut between: "op", "layer" or "auto" (graphpipe.planner.granularity)
+    # Where the costs the plan was searched with came from, so that the commands reading it cost it the
+    # same way (graphpipe.cost.sources); None for plans that predate the record.
+    cost_source: CostSource | None = None
 
     def __post_init__(self) -> None:
         for pos, stage in enumerate(self.stages):
@@ -207,6 +211,7 @@ class Plan(JsonFile):
             "capture": self.capture, "replicated": list(self.replicated),
             "input_batch_axes": dict(self.input_batch_axes), "shared_params": dict(self.shared_params),
             "granularity": self.granularity,
+            "cost_source": self.cost_source.to_dict() if self.cost_source else None,
         }
 
     @classmethod
@@ -226,6 +231,7 @@ class Plan(JsonFile):
             capture=data.get("capture", "fx"), replicated=tuple(data.get("replicated", ())),
             input_batch_axes=dict(data.get("input_batch_axes", {})),
             shared_params=dict(data.get("shared_params", {})), granularity=data.get("granularity", "op"),
+            cost_source=CostSource.from_dict(data["cost_source"]) if data.get("cost_source") else None,
         )
 
     def __str__(self) -> str:

@@ -62,3 +62,22 @@ def test_memory_limit_with_a_unit_is_the_same_limit_in_gib(capsys: pytest.Captur
         plans.append(json.loads(capsys.readouterr().out))
     assert plans[0]["stages"] == plans[1]["stages"]
     assert all(stage["memory_bytes"] <= 2**20 for stage in plans[0]["stages"])
+
+
+def test_a_local_cpu_plan_costs_ops_as_the_cpu_and_records_it(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The cluster implies the device when --device is not given (local-cpu: cpu, not a V100)."""
+    from graphpipe.cost.sources import CostSource
+
+    out = tmp_path / "plan.json"
+    base = ["plan", "--model", "toy_branches", "--preset", "tiny", "--cluster", "local-cpu", "--devices", "4",
+            "--batch", "8", "--rank-by", "tps"]
+    assert run_command(plan_cmd, [*base, "-o", str(out)]) == 0
+    assert "costs: analytic costs on cpu" in capsys.readouterr().out
+    plan = Plan.load(str(out))
+    assert plan.cost_source == CostSource(kind="analytic", device="cpu") and plan.model_spec["device"] == "cpu"
+    assert run_command(plan_cmd, [*base, "--device", "cpu", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["predicted_tps_ms"] == plan.predicted_tps_ms
+    assert run_command(plan_cmd, [*base, "--device", "v100-16gb", "--dtype", "bf16", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cost_source"] == {"kind": "analytic", "device": "v100-16gb",
+                                                                  "dtype": "bfloat16"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 import graphpipe.cli.show_cmd as show_cmd
 import graphpipe.cli.simulate_cmd as simulate_cmd
+from graphpipe.cost.sources import CostSource
 from graphpipe.errors import ModelLoadError
 from graphpipe.simulation.simulator import simulate
 from graphpipe.stages.stage_graph import Plan, Stage, StageEdge
@@ -93,3 +95,75 @@ def test_show_lists_stages_draws_the_graph_and_the_schedule(saved: tuple[Path, P
     assert picture.stat().st_size > 10_000
     assert run_command(show_cmd, ["show", str(plan_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["depth"] == 3
+
+
+# ---- the costs a plan records ------------------------------------------------------------------
+PLAN_ARGS = ["plan", "--model", "toy_branches", "--preset", "tiny", "--cluster", "local-cpu", "--devices", "2",
+             "--batch", "8"]
+
+
+@pytest.fixture()
+def planned_with_a_file(tmp_path: Path) -> tuple[Path, Path]:
+    """A plan made from a costs file (the cpu model, saved as if measured), and that file."""
+    import graphpipe.cli.plan_cmd as plan_cmd
+    import graphpipe.cli.profile_cmd as profile_cmd
+
+    costs_path, plan_path = tmp_path / "costs.json", tmp_path / "plan.json"
+    assert run_command(profile_cmd, ["profile", "--model", "toy_branches", "--preset", "tiny", "--analytic", "cpu",
+                                     "-o", str(costs_path), "--json"]) == 0
+    costs_path.write_text(costs_path.read_text().replace('"source": "analytic"', '"source": "measured"'))
+    assert run_command(plan_cmd, [*PLAN_ARGS, "--costs", str(costs_path), "-o", str(plan_path), "--json"]) == 0
+    return plan_path, costs_path
+
+
+def test_the_plan_file_keeps_its_cost_source(planned_with_a_file: tuple[Path, Path]) -> None:
+    plan_path, costs_path = planned_with_a_file
+    plan = Plan.load(str(plan_path))
+    assert plan.cost_source == CostSource(kind="file", device="cpu", path=str(costs_path),
+                                          sha256=hashlib.sha256(costs_path.read_bytes()).hexdigest())
+    assert Plan.from_dict(plan.to_dict()) == plan
+    old = {key: value for key, value in plan.to_dict().items() if key != "cost_source"}  # a file from before
+    assert Plan.from_dict(old).cost_source is None
+
+
+def test_simulate_uses_the_recorded_costs_file(planned_with_a_file: tuple[Path, Path],
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    plan_path, _ = planned_with_a_file
+    capsys.readouterr()
+    assert run_command(simulate_cmd, ["simulate", str(plan_path), "--json"]) == 0
+    out, err = capsys.readouterr()
+    data = json.loads(out)
+    assert data["costs"] == "measured" and data["cost_source"]["kind"] == "file" and err == ""
+    assert data["iteration_time_s"] == pytest.approx(Plan.load(str(plan_path)).predicted_iteration_s)
+
+
+def test_simulate_warns_when_told_to_use_other_costs(planned_with_a_file: tuple[Path, Path],
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    plan_path, costs_path = planned_with_a_file
+    capsys.readouterr()
+    assert run_command(simulate_cmd, ["simulate", str(plan_path), "--device", "v100-16gb"]) == 0
+    out, err = capsys.readouterr()
+    recorded = Plan.load(str(plan_path)).cost_source
+    assert err.strip() == (f"graphpipe simulate: warning: plan {plan_path} was costed with {recorded}; using "
+                           "analytic costs on v100-16gb as asked")
+    assert "analytic costs on v100-16gb" in out.splitlines()[0]
+    costs_path.write_text(costs_path.read_text().replace('"source": "measured"', '"source": "measured (2)"'))
+    assert run_command(simulate_cmd, ["simulate", str(plan_path), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert "that file has changed since" in err and str(recorded.sha256)[:12] in err
+    assert json.loads(out)["costs"] == "measured (2)"
+
+
+def test_simulate_recreates_recorded_analytic_costs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import graphpipe.cli.plan_cmd as plan_cmd
+
+    plan_path = tmp_path / "plan.json"
+    assert run_command(plan_cmd, [*PLAN_ARGS, "--dtype", "bf16", "-o", str(plan_path), "--json"]) == 0
+    capsys.readouterr()
+    assert run_command(simulate_cmd, ["simulate", str(plan_path), "--json"]) == 0
+    out, err = capsys.readouterr()
+    data = json.loads(out)
+    assert data["cost_source"] == {"kind": "analytic", "device": "cpu", "dtype": "bfloat16"} and err == ""
+    assert data["iteration_time_s"] == pytest.approx(Plan.load(str(plan_path)).predicted_iteration_s)
+    assert run_command(show_cmd, ["show", str(plan_path)]) == 0
+    assert "costs: analytic costs on cpu, bfloat16 activations" in capsys.readouterr().out

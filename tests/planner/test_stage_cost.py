@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from graphpipe.planner.stage_cost import CostModel, p2p_ms, ring_all_reduce_ms
+from graphpipe.cost.formulas.communication import p2p_ms, ring_all_reduce_ms
+from graphpipe.planner.stage_cost import CostModel
 from graphpipe.stages.crossing import crossing_tensors
 from tests.planner.factories import branches_graph, chain_graph, make_cluster, make_costs
 

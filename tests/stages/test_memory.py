@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from graphpipe.planner.api import plan_candidates
-from graphpipe.stages.memory import (
+from graphpipe.cost.formulas.memory import (
     OPTIMIZER_STATE_FACTOR,
     UNBOUNDED,
     max_in_flight_micro_batches,
-    stage_memory_bytes,
     static_memory_bytes,
 )
+from graphpipe.planner.api import plan_candidates
+from graphpipe.stages.memory import stage_memory_bytes
 from tests.planner.factories import GiB, chain_graph, make_cluster, make_costs
 
 

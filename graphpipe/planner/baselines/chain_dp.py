@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphpipe.stages.memory import max_in_flight_micro_batches
+from graphpipe.cost.formulas.memory import max_in_flight_micro_batches
 
 
 def empty(num_devices: int, max_stages: int) -> np.ndarray:

@@ -17,10 +17,10 @@ from graphpipe.errors import PlanningError
 from graphpipe.graph.sp import SPChain, iter_chains
 from graphpipe.planner.request import PlanRequest
 from graphpipe.planner.sp_dp import MAX_ENUMERATED_BRANCHES, MERGE_BRANCHES, divisors_up_to, fork_join_items
-from graphpipe.planner.stage_cost import StageCost
 from graphpipe.planner.stage_spec import Partition, StageSpec
 from graphpipe.stages.in_flight import in_flight_samples
 from graphpipe.stages.memory import stage_memory_bytes
+from graphpipe.stages.stage_cost import StageCost
 
 MAX_OPS = 10
 

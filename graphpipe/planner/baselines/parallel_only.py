@@ -2,7 +2,7 @@
 
 Separates the two sources of GraphPipe's gain: parallel stages alone, without the larger
 micro-batch that the shallower pipeline makes fit. The size is the option
-`micro_batch_size` when given (`gp.plan` passes the size of the sequential plan it would
+`fixed_micro_batch` when given (`gp.plan` passes the size of the sequential plan it would
 pick itself, e.g. by simulated iteration time), else that of the sequential plan with the
 best TPS.
 """
@@ -18,7 +18,7 @@ from graphpipe.planner.stage_spec import Partition
 
 
 def plan_parallel_only(request: PlanRequest) -> list[Partition]:
-    size = request.options.get("micro_batch_size")
+    size = request.options.fixed_micro_batch
     if size is None:
         chains = plan_sequential(request)
         if not chains:

@@ -15,20 +15,21 @@ import time
 
 import numpy as np
 
+from graphpipe.cost.formulas.communication import p2p_ms
+from graphpipe.cost.formulas.memory import OPTIMIZER_STATE_FACTOR
+from graphpipe.cost.formulas.time_per_sample import time_per_sample_ms
 from graphpipe.errors import PlanningError
 from graphpipe.planner.baselines.chain_dp import empty, in_flight_cap, relax
 from graphpipe.planner.request import PlanRequest
 from graphpipe.planner.sp_dp import ChainInfo, divisors_up_to
-from graphpipe.planner.stage_cost import p2p_ms
 from graphpipe.planner.stage_spec import Partition, StageSpec
-from graphpipe.stages.memory import OPTIMIZER_STATE_FACTOR
 
 DEFAULT_TIME_LIMIT_S = 600.0
 
 
 def plan_pipedream(request: PlanRequest) -> list[Partition]:
     info = ChainInfo(request.model, request.chain_tree)
-    deadline = time.perf_counter() + float(request.options.get("time_limit_s", DEFAULT_TIME_LIMIT_S))
+    deadline = time.perf_counter() + (request.options.time_limit_s or DEFAULT_TIME_LIMIT_S)
     found = []
     for size in request.micro_batch_sizes:
         stages = _solve(request, info, size, deadline)
@@ -46,7 +47,8 @@ def _solve(request: PlanRequest, info: ChainInfo, size: int, deadline: float) ->
     degrees = divisors_up_to(size, num_devices)
     for start in range(num_items - 1, -1, -1):
         if time.perf_counter() > deadline:
-            raise PlanningError(f"pipedream: no strategy within {request.options.get('time_limit_s')} s "
+            limit_s = request.options.time_limit_s or DEFAULT_TIME_LIMIT_S
+            raise PlanningError(f"pipedream: no strategy within {limit_s} s "
                                 f"({info.num_items} ops linearised); raise the time limit or use planner 'graphpipe'")
         for r in degrees:
             times, acts = info.prefix_at(size / r)
@@ -56,8 +58,8 @@ def _solve(request: PlanRequest, info: ChainInfo, size: int, deadline: float) ->
                     break
                 messages, num_bytes = info.boundary(start, stop)
                 compute = times[stop] - times[start]
-                tps = (compute + p2p_ms(model.link, messages, num_bytes * size / r)) / size
-                tps += model.all_reduce_ms(params, r) / request.global_batch_size
+                tps = time_per_sample_ms(compute, p2p_ms(model.link, messages, num_bytes * size / r),
+                                         model.all_reduce_ms(params, r), size, request.global_batch_size)
                 k_max = in_flight_cap(params, acts[stop] - acts[start], limit, request.global_batch_size // size)
                 relax(best[start], choices[start], best[stop], tps, r, k_max, stop * (num_devices + 1) + r)
     if not np.isfinite(best[0][num_devices, num_devices]):

@@ -37,7 +37,7 @@ def enumerate_downsets(request: PlanRequest, max_downsets: int, deadline: float)
     frontier = [0]
     while frontier:
         if len(seen) > max_downsets or time.perf_counter() > deadline:
-            limit_s = request.options.get("time_limit_s", DEFAULT_TIME_LIMIT_S)
+            limit_s = time_limit_s(request)
             raise PlanningError(
                 f"piper: no strategy within {max_downsets} downsets / {limit_s} s: "
                 f"graph {graph.name!r} ({len(graph)} ops) has too many downsets (its search space grows "
@@ -54,10 +54,14 @@ def enumerate_downsets(request: PlanRequest, max_downsets: int, deadline: float)
     return sorted(seen, key=lambda m: -bin(m).count("1"))
 
 
+def time_limit_s(request: PlanRequest) -> float:
+    return request.options.time_limit_s or DEFAULT_TIME_LIMIT_S
+
+
 def plan_piper(request: PlanRequest) -> list[Partition]:
-    limit_s = float(request.options.get("time_limit_s", DEFAULT_TIME_LIMIT_S))
+    limit_s = time_limit_s(request)
     deadline = time.perf_counter() + limit_s
-    downsets = enumerate_downsets(request, int(request.options.get("max_downsets", DEFAULT_MAX_DOWNSETS)), deadline)
+    downsets = enumerate_downsets(request, request.options.max_downsets or DEFAULT_MAX_DOWNSETS, deadline)
     found = []
     for size in request.micro_batch_sizes:
         stages = _solve(request, downsets, size, deadline, limit_s)

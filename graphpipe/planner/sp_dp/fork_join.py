@@ -63,6 +63,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from graphpipe.cost.formulas.memory import OPTIMIZER_STATE_FACTOR, max_in_flight_micro_batches
 from graphpipe.planner.sp_dp.blocks import BIG, MERGE_BRANCHES
 from graphpipe.planner.sp_dp.need import (
     BlockSol,
@@ -78,7 +79,6 @@ from graphpipe.planner.sp_dp.need import (
 from graphpipe.planner.sp_dp.size_tables import SizeTables
 from graphpipe.planner.sp_dp.tables import Block, BlockKey, ChainInfo, ChainTables, ParInfo
 from graphpipe.planner.stage_spec import StageSpec
-from graphpipe.stages.memory import OPTIMIZER_STATE_FACTOR, max_in_flight_micro_batches
 
 
 class ChainSolver(Protocol):

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from graphpipe.cost.formulas.memory import OPTIMIZER_STATE_FACTOR
 from graphpipe.graph.sp import SPChain
 from graphpipe.planner.sp_dp.fork_join import Shapes
 from graphpipe.planner.sp_dp.probe import Probe
@@ -28,7 +29,6 @@ from graphpipe.planner.sp_dp.size_tables import ChainConstants, SegmentOffers, S
 from graphpipe.planner.sp_dp.tables import ChainInfo, ChainTables, ParInfo, build_tables
 from graphpipe.planner.stage_cost import CostModel
 from graphpipe.planner.stage_spec import StageSpec
-from graphpipe.stages.memory import OPTIMIZER_STATE_FACTOR
 
 TOLERANCE = 1e-3
 COARSE_TOLERANCE = 5e-2

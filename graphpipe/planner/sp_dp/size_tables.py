@@ -10,7 +10,8 @@ smaller degree of the same segment dominates, sorted by TPS per start
 (devices, TPS, most in flight) options (`SizeTables.group_options`). The arrays that no size
 changes are built once per chain (`ChainConstants`) and shared by all sizes.
 
-Per segment [i, j) on d1 devices, with b the micro-batch and B the mini-batch (`graphpipe.planner.stage_cost`):
+Per segment [i, j) on d1 devices, with b the micro-batch and B the mini-batch, through the numpy twins of
+the formulas in `graphpipe.cost.formulas` (the same numbers as `CostModel.stage_cost`):
 
     TPS   = (compute + p2p) / b + all_reduce(d1) / B
     k_max = floor((memory limit - 4 x weights) / activations of one micro-batch on one device)
@@ -25,9 +26,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from graphpipe.cost.formulas.communication import p2p_ms, p2p_ms_array, ring_all_reduce_ms_array
+from graphpipe.cost.formulas.memory import (
+    OPTIMIZER_STATE_FACTOR,
+    max_in_flight_micro_batches,
+    max_in_flight_micro_batches_array,
+)
+from graphpipe.cost.formulas.time_per_sample import time_per_sample_ms, time_per_sample_ms_array
 from graphpipe.planner.sp_dp.tables import ChainInfo, ParInfo
-from graphpipe.planner.stage_cost import CostModel, StageCost, all_reduce_link, p2p_ms
-from graphpipe.stages.memory import OPTIMIZER_STATE_FACTOR, max_in_flight_micro_batches
+from graphpipe.planner.stage_cost import CostModel, all_reduce_link
+from graphpipe.stages.stage_cost import StageCost
 
 
 def divisors_up_to(value: int, limit: int) -> tuple[int, ...]:
@@ -77,28 +85,17 @@ class ChainConstants:
     same numbers."""
 
     def __init__(self, tables: SizeTables, info: ChainInfo) -> None:
-        link = tables.model.link
-        messages, _ = info.boundary_matrix()
         self.params = info.param_array[None, :] - info.param_array[:, None]  # weights of [i, j)
         self.later = np.triu(np.ones(self.params.shape, dtype=bool), 1)  # j > i
-        self.latency = messages * link.latency_us / 1e3
-        self.silent = ~(messages > 0)
-        self.spare = tables.memory_limit - OPTIMIZER_STATE_FACTOR * self.params
-        self.no_room = self.spare < 0
         self._model = tables.model
         self._all_reduce: dict[int, np.ndarray | float] = {}
 
     def all_reduce(self, d1: int) -> np.ndarray | float:
-        """Ring all-reduce time of each segment's weights on d1 devices, per sample of the global batch."""
+        """Ring all-reduce time of each segment's weights on d1 devices."""
         hit = self._all_reduce.get(d1)
         if hit is None:
-            hit = 0.0
-            if d1 > 1:
-                link = all_reduce_link(self._model.cluster, d1)
-                steps = 2 * (d1 - 1)
-                hit = np.where(self.params > 0, steps / d1 * self.params / (link.bandwidth_gb_per_s * 1e9) * 1e3
-                               + steps * link.latency_us / 1e3, 0.0)
-            hit = self._all_reduce[d1] = hit / self._model.global_batch_size
+            link = all_reduce_link(self._model.cluster, d1)
+            hit = self._all_reduce[d1] = ring_all_reduce_ms_array(link, self.params, d1)
         return hit
 
 
@@ -210,42 +207,21 @@ class SizeTables:
         compute = times - times.transpose(0, 2, 1)
         compute /= b
         tps = self._segment_tps(info, compute, fixed)
-        k_max = self._segment_k_max(acts - acts.transpose(0, 2, 1), fixed)
+        k_max = max_in_flight_micro_batches_array(fixed.params, acts - acts.transpose(0, 2, 1), self.memory_limit,
+                                                  self.num_micro_batches, self.max_v)
         fits = np.logical_or.accumulate((k_max < 1) & fixed.later, axis=2)
         np.logical_not(fits, out=fits)
         fits &= fixed.later
         return compute, tps, k_max, fits
 
     def _segment_tps(self, info: ChainInfo, compute: np.ndarray, fixed: ChainConstants) -> np.ndarray:
-        """compute + p2p time / b + all-reduce time / global batch, per degree and segment."""
-        b, link = self.micro_batch_size, self.model.link
-        _, num_bytes = info.boundary_matrix()
+        """TPS per degree and segment, from the compute per sample."""
+        b = self.micro_batch_size
+        messages, num_bytes = info.boundary_matrix()
         per_device = np.array([b / d1 for d1 in self.degrees])[:, None, None]
-        tps = num_bytes * per_device
-        tps /= link.bandwidth_gb_per_s * 1e9
-        tps *= 1e3
-        tps += fixed.latency
-        tps *= 2
-        np.copyto(tps, 0.0, where=fixed.silent)
-        tps /= b
-        tps += compute
-        for pos, d1 in enumerate(self.degrees):
-            tps[pos] += fixed.all_reduce(d1)
-        return tps
-
-    def _segment_k_max(self, act: np.ndarray, fixed: ChainConstants) -> np.ndarray:
-        """Most micro-batches in flight per degree and segment (as `max_in_flight_micro_batches`, with
-        UNBOUNDED capped at max_v); -1 where the weights alone do not fit. `act` is overwritten."""
-        k_max = act
-        with np.errstate(divide="ignore", invalid="ignore"):  # no activations: inf, or nan with no spare either
-            np.divide(fixed.spare, k_max, out=k_max)
-        np.floor(k_max, out=k_max)
-        whole = k_max >= self.num_micro_batches  # holding the whole mini-batch is no limit
-        max_v = float(self.max_v)
-        np.fmin(k_max, max_v, out=k_max)  # fmin takes max_v over nan
-        np.copyto(k_max, max_v, where=whole)
-        np.copyto(k_max, -1.0, where=fixed.no_room)
-        return k_max.astype(np.int64)
+        comm = p2p_ms_array(self.model.link, messages, num_bytes * per_device)
+        return time_per_sample_ms_array(compute, comm, [fixed.all_reduce(d1) for d1 in self.degrees], b,
+                                        self.global_batch_size)
 
     def group_options(self, pinfo: ParInfo, group: int) -> list[tuple[int, float, int]]:
         """(devices, TPS, most micro-batches in flight) of merged branches, fewest devices first; cached."""
@@ -258,8 +234,8 @@ class SizeTables:
         out = []
         if OPTIMIZER_STATE_FACTOR * params <= self.memory_limit:
             for d1, (compute, act) in zip(self.degrees, self._group_totals(pinfo, group)):
-                tps = (compute + p2p_ms(model.link, messages, num_bytes * b / d1)) / b
-                tps += model.all_reduce_ms(params, d1) / self.global_batch_size
+                tps = time_per_sample_ms(compute, p2p_ms(model.link, messages, num_bytes * b / d1),
+                                         model.all_reduce_ms(params, d1), b, self.global_batch_size)
                 out.append((d1, tps, max_in_flight_micro_batches(params, act, self.memory_limit,
                                                                     self.num_micro_batches)))
         self._groups[key] = out

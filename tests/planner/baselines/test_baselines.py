@@ -33,7 +33,7 @@ def test_piper_gives_up_on_many_branches() -> None:
     graph = branches_graph(6, 4)
     with pytest.raises(PlanningError, match="no strategy within 500 downsets"):
         plan_candidates(graph, make_costs(graph), make_cluster(4), 4, planner="piper",
-                        options={"max_downsets": 500})
+                        max_downsets=500)
 
 
 def test_downsets_of_a_diamond() -> None:

@@ -1,0 +1,73 @@
+"""`PlanOptions`: how to plan, in one value checked once.
+
+`gp.plan` and `plan_candidates` take one `PlanOptions` (or its fields as keywords, which
+build one), instead of threading a dozen loose keywords and a dict of planner limits through
+every layer below them. The planners read the checked value from their `PlanRequest`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from graphpipe.errors import PlanningError
+from graphpipe.planner.granularity import check_granularity
+
+RANKINGS = ("simulation", "tps")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanOptions:
+    """Fields:
+
+    - planner: "graphpipe" (default) or a baseline: "sequential", "parallel-only", "pipedream",
+      "piper", "exhaustive".
+    - micro_batch_sizes: the sizes to try; None: the powers of two that divide the mini-batch.
+    - per_stage_micro_batch: let each stage refine its own micro-batch size after the search.
+    - memory_limit: bytes per device; None: the device's memory.
+    - rank_by: "simulation" (default: the shortest simulated iteration among the best plan per
+      size) or "tps" (the best bottleneck time per sample).
+    - use_all_devices: keep only plans that use every device (default: a plan may leave some idle).
+    - granularity: "op" (default), "layer" or "auto" (`graphpipe.planner.granularity`).
+    - time_limit_s: Piper and PipeDream give up after this long; None: their own limits.
+    - max_downsets: Piper gives up beyond this many downsets; None: Piper's own.
+    - fixed_micro_batch: parallel-only holds this micro-batch size; None: that of the sequential
+      plan the same ranking picks.
+    """
+
+    planner: str = "graphpipe"
+    micro_batch_sizes: tuple[int, ...] | None = None
+    per_stage_micro_batch: bool = False
+    memory_limit: float | None = None
+    rank_by: str = "simulation"
+    use_all_devices: bool = False
+    granularity: str = "op"
+    time_limit_s: float | None = None
+    max_downsets: int | None = None
+    fixed_micro_batch: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.micro_batch_sizes is not None:
+            object.__setattr__(self, "micro_batch_sizes", tuple(int(size) for size in self.micro_batch_sizes))
+        if self.rank_by not in RANKINGS:
+            raise PlanningError(f"unknown ranking {self.rank_by!r}; choose one of {', '.join(RANKINGS)}")
+        check_granularity(self.granularity)
+        for name in ("memory_limit", "time_limit_s", "max_downsets", "fixed_micro_batch"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise PlanningError(f"PlanOptions.{name} must be positive, got {value!r}")
+
+    def with_fields(self, **fields: Any) -> PlanOptions:
+        """A copy with `fields` replaced (and checked); an unknown field names the known ones."""
+        unknown = sorted(set(fields) - {field.name for field in dataclasses.fields(self)})
+        if unknown:
+            known = ", ".join(field.name for field in dataclasses.fields(self))
+            raise PlanningError(f"unknown plan option(s) {', '.join(unknown)}; the options are {known}")
+        return dataclasses.replace(self, **fields) if fields else self
+
+
+def plan_options(options: PlanOptions | None, fields: Mapping[str, Any]) -> PlanOptions:
+    """`options` (default PlanOptions()) with the keyword `fields` a caller gave instead."""
+    return (options or PlanOptions()).with_fields(**fields)

@@ -1,0 +1,45 @@
+"""`graphpipe train`'s costs, without starting workers: the plan it makes records them, and the
+simulated time a rank reports uses the costs the plan records."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+import graphpipe.cli.train_cmd as train_cmd
+from graphpipe.cost.sources import CostSource
+from graphpipe.models import load_model
+from graphpipe.stages.stage_graph import Plan
+from graphpipe.train import simulated_iteration_s
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="graphpipe")
+    train_cmd.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["train", *argv])
+
+
+@pytest.fixture()
+def planned(tmp_path: Path) -> Path:
+    path = tmp_path / "plan.json"
+    train_cmd._plan_now(_args("--model", "toy_branches", "--nproc", "2", "--batch", "8", "--dtype", "bf16"), path)
+    return path
+
+
+def test_the_plan_train_makes_records_cpu_costs(planned: Path) -> None:
+    assert Plan.load(str(planned)).cost_source == CostSource(kind="analytic", device="cpu", dtype="bfloat16")
+
+
+def test_the_simulated_time_uses_the_recorded_costs(planned: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = Plan.load(str(planned))
+    zoo = load_model("toy_branches", "tiny", batch_size=8, device="meta")
+    assert simulated_iteration_s(plan, zoo, plan.schedule, [], str(planned)) == \
+        pytest.approx(plan.predicted_iteration_s)
+    assert capsys.readouterr().err == ""
+    measured = dataclasses.replace(plan, cost_source=CostSource(kind="measured", device="cpu"))
+    assert simulated_iteration_s(measured, zoo, plan.schedule, [], str(planned)) is not None
+    assert (f"graphpipe train: warning: plan {planned} was costed with costs measured on cpu, which cannot be "
+            "recreated identically") in capsys.readouterr().err

@@ -1,0 +1,173 @@
+"""The cost formulas against their closed forms, and each numpy twin against its scalar version."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from graphpipe.cost.cluster import Link
+from graphpipe.cost.formulas.communication import (
+    p2p_ms,
+    p2p_ms_array,
+    piece_ms,
+    ring_all_reduce_ms,
+    ring_all_reduce_ms_array,
+)
+from graphpipe.cost.formulas.memory import (
+    UNBOUNDED,
+    max_in_flight_micro_batches,
+    max_in_flight_micro_batches_array,
+    static_memory_bytes,
+)
+from graphpipe.cost.formulas.sample_split import rank_share, share_blocks, share_size
+from graphpipe.cost.formulas.time_per_sample import time_per_sample_ms, time_per_sample_ms_array
+
+LINK = Link(name="test", latency_us=5.0, bandwidth_gb_per_s=25.0)
+links = st.builds(Link, name=st.just("random"), latency_us=st.floats(0.0, 100.0),
+                  bandwidth_gb_per_s=st.floats(0.1, 1000.0))
+byte_counts = st.floats(0.0, 1e12)
+whole_bytes = st.integers(0, 2**40)
+
+
+def _seconds_to_ms(seconds: float) -> float:
+    return seconds * 1e3
+
+
+# ---- closed forms ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("devices", [2, 3, 4, 8, 64])
+def test_ring_all_reduce_is_two_passes_of_n_minus_one_steps(devices: int) -> None:
+    grad_bytes = 3e8
+    latency_s, bandwidth = LINK.latency_us * 1e-6, LINK.bandwidth_gb_per_s * 1e9
+    expected = 2 * (devices - 1) / devices * grad_bytes / bandwidth + 2 * (devices - 1) * latency_s
+    assert ring_all_reduce_ms(LINK, grad_bytes, devices) == pytest.approx(_seconds_to_ms(expected), rel=1e-12)
+
+
+def test_ring_all_reduce_is_free_on_one_device_or_without_bytes() -> None:
+    assert ring_all_reduce_ms(LINK, 1e9, 1) == 0.0
+    assert ring_all_reduce_ms(LINK, 0, 8) == 0.0
+
+
+def test_p2p_sends_activations_forward_and_gradients_backward() -> None:
+    messages, num_bytes = 3, 4e6
+    expected = 2 * (messages * LINK.latency_us * 1e-6 + num_bytes / (LINK.bandwidth_gb_per_s * 1e9))
+    assert p2p_ms(LINK, messages, num_bytes) == pytest.approx(_seconds_to_ms(expected), rel=1e-12)
+    assert p2p_ms(LINK, 0, num_bytes) == 0.0
+
+
+def test_a_piece_pays_one_latency_per_tensor() -> None:
+    expected = 3 * LINK.latency_us * 1e-6 + 1e6 / (LINK.bandwidth_gb_per_s * 1e9)
+    assert piece_ms(LINK, 1e6, num_tensors=3) == pytest.approx(_seconds_to_ms(expected), rel=1e-12)
+    assert piece_ms(LINK, 1e6, num_tensors=0) == piece_ms(LINK, 1e6) == LINK.transfer_ms(1e6)
+
+
+def test_tps_spreads_the_micro_batch_over_b_and_the_all_reduce_over_the_mini_batch() -> None:
+    compute, comm, reduce_ms, b, big_b = 12.0, 3.0, 40.0, 4, 64
+    assert time_per_sample_ms(compute, comm, reduce_ms, b, big_b) == pytest.approx((12 + 3) / 4 + 40 / 64)
+
+
+@given(params=whole_bytes, act=st.integers(1, 2**30), limit=whole_bytes, micro_batches=st.integers(1, 64))
+def test_in_flight_cap_is_the_most_micro_batches_that_fit(params: int, act: int, limit: int,
+                                                          micro_batches: int) -> None:
+    cap = max_in_flight_micro_batches(params, act, limit, micro_batches)
+    static = 4 * params
+    assert static_memory_bytes(params) == static
+    if static > limit:
+        assert cap == -1
+        return
+    most = (limit - static) // act  # the largest k with static + k × act <= limit
+    assert static + most * act <= limit < static + (most + 1) * act
+    assert cap == (UNBOUNDED if most >= micro_batches else most)
+    assert max_in_flight_micro_batches(params, act, limit) == most
+
+
+def test_in_flight_cap_without_activations_is_unbounded() -> None:
+    assert max_in_flight_micro_batches(10, 0, 100) == UNBOUNDED
+    assert max_in_flight_micro_batches(25, 0, 100) == UNBOUNDED  # no spare byte, still nothing to hold
+
+
+# ---- numpy twins ----------------------------------------------------------------------------
+
+
+def _array(values: list[float], shape: tuple[int, ...]) -> np.ndarray:
+    return np.resize(np.array(values, dtype=float), shape)
+
+
+@given(link=links, grad=st.lists(byte_counts | st.just(0.0), min_size=1, max_size=30),
+       devices=st.integers(1, 64))
+def test_ring_all_reduce_twin_equals_scalar(link: Link, grad: list[float], devices: int) -> None:
+    twin = np.broadcast_to(ring_all_reduce_ms_array(link, np.array(grad), devices), (len(grad),))
+    assert twin.tolist() == [ring_all_reduce_ms(link, value, devices) for value in grad]
+
+
+@given(link=links, messages=st.lists(st.integers(0, 12), min_size=4, max_size=4),
+       num_bytes=st.lists(byte_counts, min_size=1, max_size=24))
+def test_p2p_twin_equals_scalar(link: Link, messages: list[int], num_bytes: list[float]) -> None:
+    msgs, nbytes = _array(messages, (2, 2)), _array(num_bytes, (3, 2, 2))  # degrees x segments, as the DP's
+    twin = p2p_ms_array(link, msgs, nbytes.copy())
+    expected = [[[p2p_ms(link, int(msgs[i, j]), nbytes[d, i, j]) for j in range(2)] for i in range(2)]
+                for d in range(3)]
+    assert twin.tolist() == expected
+
+
+@given(compute=st.lists(st.floats(0.0, 1e4), min_size=1, max_size=12),
+       comm=st.lists(st.floats(0.0, 1e4), min_size=1, max_size=12),
+       reduce_ms=st.lists(st.floats(0.0, 1e5), min_size=2, max_size=2),
+       b=st.sampled_from([1, 2, 4, 8, 16]), big_b=st.sampled_from([16, 64, 128]))
+def test_tps_twin_equals_scalar_to_rounding(compute: list[float], comm: list[float], reduce_ms: list[float],
+                                            b: int, big_b: int) -> None:
+    per_micro_batch, comms = _array(compute, (2, 3)), _array(comm, (2, 3))
+    twin = time_per_sample_ms_array(per_micro_batch / b, comms.copy(), reduce_ms, b, big_b)
+    for d in range(2):
+        for j in range(3):
+            scalar = time_per_sample_ms(per_micro_batch[d, j], comms[d, j], reduce_ms[d], b, big_b)
+            assert math.isclose(twin[d, j], scalar, rel_tol=1e-12, abs_tol=1e-300)
+
+
+@settings(max_examples=200)
+@given(params=st.lists(st.integers(0, 2**40), min_size=1, max_size=9),
+       acts=st.lists(st.integers(0, 2**36), min_size=1, max_size=18),
+       limit=st.integers(0, 2**44), micro_batches=st.integers(1, 64), cap=st.integers(1, 65))
+def test_in_flight_cap_twin_equals_scalar_within_the_cap(params: list[int], acts: list[int], limit: int,
+                                                        micro_batches: int, cap: int) -> None:
+    weights, activations = _array(params, (3, 3)), _array(acts, (2, 3, 3))
+    twin = max_in_flight_micro_batches_array(weights, activations.copy(), float(limit), micro_batches, cap)
+    assert twin.dtype == np.int64
+    for d in range(2):
+        for i in range(3):
+            for j in range(3):
+                scalar = max_in_flight_micro_batches(weights[i, j], activations[d, i, j], limit, micro_batches)
+                assert twin[d, i, j] == min(scalar, cap)
+
+
+# ---- the per-rank sample split --------------------------------------------------------------
+
+ranks_and_size = st.tuples(st.permutations(range(8)), st.integers(1, 8), st.integers(1, 5)).map(
+    lambda t: (tuple(t[0][: t[1]]), t[1] * t[2]))  # (ranks, micro-batch size), d dividing b
+
+
+@given(stage=ranks_and_size, micro_batches=st.integers(1, 6))
+def test_rank_shares_cover_every_sample_exactly_once(stage: tuple[tuple[int, ...], int], micro_batches: int) -> None:
+    ranks, b = stage
+    samples = sorted(sample for m in range(micro_batches) for rank in ranks
+                     for sample in range(*rank_share(b, ranks, rank, m)))
+    assert samples == list(range(micro_batches * b))
+    assert all(rank_share(b, ranks, rank, 0)[1] - rank_share(b, ranks, rank, 0)[0] == share_size(b, len(ranks))
+               for rank in ranks)
+
+
+@given(stage=ranks_and_size, micro_batches=st.integers(1, 6), cut=st.tuples(st.integers(0, 48), st.integers(0, 48)))
+def test_share_blocks_cut_a_range_into_the_owners_shares(stage: tuple[tuple[int, ...], int], micro_batches: int,
+                                                         cut: tuple[int, int]) -> None:
+    ranks, b = stage
+    start, stop = sorted(min(value, micro_batches * b) for value in cut)
+    blocks = share_blocks(b, ranks, start, stop)
+    assert [sample for _, a, z in blocks for sample in range(a, z)] == list(range(start, stop))
+    for owner, a, z in blocks:
+        own_start, own_stop = rank_share(b, ranks, owner, a // b)
+        assert own_start <= a < z <= own_stop

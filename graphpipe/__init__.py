@@ -18,6 +18,8 @@ if TYPE_CHECKING:  # the real types for type checkers; at run time the names loa
     from graphpipe.cost.cost_table import CostTable as CostTable
     from graphpipe.cost.cost_table import OpCost as OpCost
     from graphpipe.cost.profile import profile as profile
+    from graphpipe.cost.sources import CostSource as CostSource
+    from graphpipe.cost.sources import choose_costs as choose_costs
     from graphpipe.empty_weights import empty_weights as empty_weights
     from graphpipe.errors import GraphCaptureError as GraphCaptureError
     from graphpipe.errors import GraphPipeError as GraphPipeError
@@ -31,6 +33,7 @@ if TYPE_CHECKING:  # the real types for type checkers; at run time the names loa
     from graphpipe.model_inputs import ModelInputs as ModelInputs
     from graphpipe.models import ZooModel as ZooModel
     from graphpipe.models import load_model as load_model
+    from graphpipe.planner.options import PlanOptions as PlanOptions
     from graphpipe.planning import plan as plan
     from graphpipe.runtime.materialize import materialize as materialize
     from graphpipe.runtime.trainer import PipelineTrainer as PipelineTrainer
@@ -61,6 +64,9 @@ _EXPORTS: dict[str, str] = {
     "Device": "graphpipe.cost.cluster",
     "Link": "graphpipe.cost.cluster",
     "plan": "graphpipe.planning",
+    "PlanOptions": "graphpipe.planner.options",
+    "CostSource": "graphpipe.cost.sources",
+    "choose_costs": "graphpipe.cost.sources",
     "Plan": "graphpipe.stages.stage_graph",
     "Stage": "graphpipe.stages.stage_graph",
     "StageEdge": "graphpipe.stages.stage_graph",

@@ -1,4 +1,4 @@
-"""The GraphPipe DP (PAPER.md §4): binary search on a TPS target over a DP on the SP tree.
+"""The GraphPipe DP (docs/method.md §4): binary search on a TPS target over a DP on the SP tree.
 
 For one micro-batch size b, a probe with target T asks: is there a stage graph with every
 stage's TPS <= T that fits in memory on the devices, and which one has the fewest

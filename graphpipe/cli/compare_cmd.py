@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from graphpipe.cli.common import add_granularity_arg, print_json
+from graphpipe.cli.plan_cmd import add_planner_limit_args, planner_limits
 from graphpipe.cli.simulate_cmd import format_table
 from graphpipe.errors import GraphPipeError
 from graphpipe.schedule.generate import DEFAULT_SCHEDULE, SCHEDULE_NAMES
@@ -64,6 +65,7 @@ def add_parser(subparsers: Any) -> None:
                         help=f"planners, comma separated (default {','.join(DEFAULT_PLANNERS)})")
     parser.add_argument("--schedule", default=DEFAULT_SCHEDULE, choices=SCHEDULE_NAMES)
     add_granularity_arg(parser)
+    add_planner_limit_args(parser)
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.set_defaults(func=run)
 
@@ -100,21 +102,21 @@ def compare_model(model: str, args: argparse.Namespace, devices: list[int], batc
         cluster = Cluster.preset(args.cluster, num_devices)
         if costs is None:  # every count is the same cluster preset, so the same device
             costs, _ = choose_costs(graph, cluster=cluster)
-        group = [_one(model, planner, graph, costs, cluster, batch, args.schedule, args.granularity)
-                 for planner in planners]
+        group = [_one(model, planner, graph, costs, cluster, batch, args.schedule, args.granularity,
+                      planner_limits(args)) for planner in planners]
         rows += _with_speedups(group)
     return rows
 
 
 def _one(model: str, planner: str, graph: Any, costs: Any, cluster: Any, batch: int, schedule: str,
-         granularity: str = "op") -> Row:
+         granularity: str = "op", limits: dict[str, Any] | None = None) -> Row:
     from graphpipe.planning import plan as make_plan
     from graphpipe.simulation.simulator import simulate
 
     base = {"model": model, "num_devices": cluster.num_devices, "global_batch_size": batch, "planner": planner}
     start = time.perf_counter()
     try:
-        planned = make_plan(graph, costs, cluster, batch, planner=planner, granularity=granularity)
+        planned = make_plan(graph, costs, cluster, batch, planner=planner, granularity=granularity, **(limits or {}))
         result = simulate(planned, costs, cluster, schedule=schedule)
     except GraphPipeError as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__

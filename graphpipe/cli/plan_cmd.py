@@ -46,9 +46,36 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--use-all-devices", action="store_true",
                         help="keep only plans that use every device (default: a plan may leave some idle)")
     add_granularity_arg(parser)
+    add_planner_limit_args(parser)
     parser.add_argument("-o", "--output", default=None, metavar="PLAN.json", help="write the plan here")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.set_defaults(func=run)
+
+
+def add_planner_limit_args(parser: argparse.ArgumentParser) -> None:
+    """--max-downsets, --max-explored, --time-limit: the budgets of the Piper (and PipeDream) searches."""
+    parser.add_argument("--max-downsets", type=positive_int, default=None, metavar="N",
+                        help="piper: give up on a graph with more downsets than this (default 40,000, as the "
+                             "original Piper)")
+    parser.add_argument("--max-explored", type=positive_int, default=None, metavar="N",
+                        help="piper: stop counting downsets at this many (default 200,000, as the original Piper)")
+    parser.add_argument("--time-limit", type=positive_seconds, default=None, metavar="S",
+                        help="piper and pipedream: give up after S seconds (default: their own, piper 600)")
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def planner_limits(args: argparse.Namespace) -> dict[str, Any]:
+    """The PlanOptions fields of the planner budget flags."""
+    return {"max_downsets": args.max_downsets, "max_explored": args.max_explored, "time_limit_s": args.time_limit}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     global_batch = args.global_batch or args.batch or 128
     result = plan(graph, costs, cluster, global_batch, planner=args.planner, micro_batch_sizes=sizes,
                   memory_limit=limit, rank_by=args.rank_by, use_all_devices=args.use_all_devices,
-                  granularity=args.granularity, cost_source=source)
+                  granularity=args.granularity, cost_source=source, **planner_limits(args))
     result = dataclasses.replace(result, model_spec=model_spec_from_args(args, source.device))
     if args.output:
         result.save(args.output)

@@ -31,8 +31,11 @@ class PlanOptions:
       size) or "tps" (the best bottleneck time per sample).
     - use_all_devices: keep only plans that use every device (default: a plan may leave some idle).
     - granularity: "op" (default), "layer" or "auto" (`graphpipe.planner.granularity`).
-    - time_limit_s: Piper and PipeDream give up after this long; None: their own limits.
-    - max_downsets: Piper gives up beyond this many downsets; None: Piper's own.
+    - time_limit_s: Piper and PipeDream give up after this long; None: their own limits (Piper: 600 s).
+    - max_downsets: Piper gives up on a graph with more downsets than this; None: Piper's own (40,000, the
+      IDEALS_LIMIT of the original Piper).
+    - max_explored: Piper stops counting downsets once it has found this many; None: Piper's own (200,000,
+      the original's IDEALS_EXPLORATION_LIMIT).
     - fixed_micro_batch: parallel-only holds this micro-batch size; None: that of the sequential
       plan the same ranking picks.
     """
@@ -46,6 +49,7 @@ class PlanOptions:
     granularity: str = "op"
     time_limit_s: float | None = None
     max_downsets: int | None = None
+    max_explored: int | None = None
     fixed_micro_batch: int | None = None
 
     def __post_init__(self) -> None:
@@ -54,7 +58,7 @@ class PlanOptions:
         if self.rank_by not in RANKINGS:
             raise PlanningError(f"unknown ranking {self.rank_by!r}; choose one of {', '.join(RANKINGS)}")
         check_granularity(self.granularity)
-        for name in ("memory_limit", "time_limit_s", "max_downsets", "fixed_micro_batch"):
+        for name in ("memory_limit", "time_limit_s", "max_downsets", "max_explored", "fixed_micro_batch"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise PlanningError(f"PlanOptions.{name} must be positive, got {value!r}")

@@ -1,73 +1,124 @@
-"""The PipeDream planner (docs/method.md §7): linearise, then a DP over contiguous segments with replication.
+"""The PipeDream planner (docs/method.md §7): PipeDream's DP over the antichain DAG of the units.
 
-The DAG is linearised along its topological order into a chain of cut states (the
-downward-closed prefixes of that order); a stage is a contiguous segment of the chain,
-replicated (data parallel) over r devices, r dividing the micro-batch. The DP minimises the
-slowest stage's TPS over segments, replication factors and stage counts, with the memory
-check of 1F1B on a chain (a stage followed by k - 1 stages keeps k micro-batches). Costs
-are those of the GraphPipe planner (`plan.stage_cost`), so the planners differ in search
-space alone. O(L^2 · D · D) per micro-batch size for L ops and D devices.
+As the original optimizer (pipedream, `optimizer/optimizer_graph_hierarchical.py`), the states are the
+antichain DAG's (`antichains.py`: every downset of the unit DAG), a stage is the set of units between
+two states I ⊂ J, replicated (data parallel) over r devices with r dividing the micro-batch, and a DP
+minimises the slowest stage's TPS over the split states, replication factors and stage counts. Costs
+are graphpipe's (`pipedream_tables.py`, equal to `CostModel.stage_cost`) and the memory check is 1F1B
+on a chain (a stage followed by k - 1 stages keeps k micro-batches: `chain_dp.py`), so the planners
+differ in search space only. Plans are chains of stages.
+
+Simplified: the original solves one DP per network level (inside a server, then across servers), each
+with that level's bandwidth, and the level below for every pair of states, O(S³) in the S states.
+graphpipe's cost model already prices a stage's all-reduce by whether its group spans nodes, so one DP
+over all devices covers every plan of the levels (and more), in O(S²) pairs.
+
+Exact acceleration: a first pass over the states of one topological order (the chain DP of the
+`sequential` space, a subset of the antichain DAG's plans) bounds the bottleneck, and the full pass skips
+the stages slower than that bound, which no better plan uses. The antichain DAG grows exponentially with
+the graph's width: past `time_limit_s`, MAX_STATES states or MAX_TABLE_CELLS cells of the DP table the
+planner gives up and says how far it got.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections.abc import Callable
 
 import numpy as np
 
-from graphpipe.cost.formulas.communication import p2p_ms
-from graphpipe.cost.formulas.memory import OPTIMIZER_STATE_FACTOR
-from graphpipe.cost.formulas.time_per_sample import time_per_sample_ms
 from graphpipe.errors import PlanningError
-from graphpipe.planner.baselines.chain_dp import empty, in_flight_cap, relax
+from graphpipe.planner.baselines.antichains import AntichainDag, AntichainLimitError, antichain_dag
+from graphpipe.planner.baselines.pipedream_dp import chain, dp_pass
+from graphpipe.planner.baselines.pipedream_tables import StagePairs, StateSums, stage_costs, stage_pairs
 from graphpipe.planner.request import PlanRequest
-from graphpipe.planner.sp_dp import ChainInfo, divisors_up_to
+from graphpipe.planner.sp_dp import divisors_up_to
 from graphpipe.planner.stage_spec import Partition, StageSpec
 
 DEFAULT_TIME_LIMIT_S = 600.0
+MAX_STATES = 100_000  # past this the O(S²) pairs outlast any time limit
+MAX_TABLE_CELLS = 1 << 27  # best and choice: 2 GiB
 
 
 def plan_pipedream(request: PlanRequest) -> list[Partition]:
-    info = ChainInfo(request.model, request.chain_tree)
-    deadline = time.perf_counter() + (request.options.time_limit_s or DEFAULT_TIME_LIMIT_S)
+    limit_s = request.options.time_limit_s or DEFAULT_TIME_LIMIT_S
+    start = time.perf_counter()
+    deadline = start + limit_s
+    try:
+        dag = antichain_dag(request.units, deadline, MAX_STATES)
+    except AntichainLimitError as stop:
+        raise PlanningError(
+            f"pipedream: gave up after {time.perf_counter() - start:.1f} s with {stop.num_states:,} antichain states "
+            f"built (limits: {limit_s:g} s, {MAX_STATES:,} states); the antichain DAG of graph "
+            f"{request.graph.name!r} ({len(request.units.keys)} units) grows exponentially with its width: plan at "
+            "layer granularity (--granularity layer) or use planner 'graphpipe'") from None
+    check = _deadline_check(request, dag, deadline, limit_s)
+    pairs = stage_pairs(dag, request.model, request.units, check)
+    sums = StateSums(dag, request.model, request.units)
     found = []
     for size in request.micro_batch_sizes:
-        stages = _solve(request, info, size, deadline)
+        stages = _solve(request, dag, pairs, sums, size, check)
         if stages is not None:
             found.append(Partition(stages=tuple(stages), sequential=True))
     return found
 
 
-def _solve(request: PlanRequest, info: ChainInfo, size: int, deadline: float) -> list[StageSpec] | None:
-    model, limit = request.model, request.memory_limit
-    num_items, num_devices = info.num_items, request.num_devices
-    best = [empty(num_devices, num_devices) for _ in range(num_items + 1)]
-    best[num_items][:] = 0.0
-    choices = [np.zeros((num_devices + 1, num_devices + 1), dtype=np.int64) for _ in range(num_items + 1)]
-    degrees = divisors_up_to(size, num_devices)
-    for start in range(num_items - 1, -1, -1):
+def _deadline_check(request: PlanRequest, dag: AntichainDag, deadline: float,
+                    limit_s: float) -> Callable[[int], None]:
+    def check(done: int) -> None:
         if time.perf_counter() > deadline:
-            limit_s = request.options.time_limit_s or DEFAULT_TIME_LIMIT_S
-            raise PlanningError(f"pipedream: no strategy within {limit_s} s "
-                                f"({info.num_items} ops linearised); raise the time limit or use planner 'graphpipe'")
-        for r in degrees:
-            times, acts = info.prefix_at(size / r)
-            for stop in range(start + 1, num_items + 1):
-                params = info.param_prefix[stop] - info.param_prefix[start]
-                if OPTIMIZER_STATE_FACTOR * params > limit:
-                    break
-                messages, num_bytes = info.boundary(start, stop)
-                compute = times[stop] - times[start]
-                tps = time_per_sample_ms(compute, p2p_ms(model.link, messages, num_bytes * size / r),
-                                         model.all_reduce_ms(params, r), size, request.global_batch_size)
-                k_max = in_flight_cap(params, acts[stop] - acts[start], limit, request.global_batch_size // size)
-                relax(best[start], choices[start], best[stop], tps, r, k_max, stop * (num_devices + 1) + r)
-    if not np.isfinite(best[0][num_devices, num_devices]):
+            raise PlanningError(
+                f"pipedream: gave up after {limit_s:g} s: the antichain DAG of graph {request.graph.name!r} "
+                f"({dag.num_units} units) has {len(dag.states):,} states and the DP had reached {done:,} of them; "
+                "plan at layer granularity (--granularity layer) or use planner 'graphpipe'")
+    return check
+
+
+def _solve(request: PlanRequest, dag: AntichainDag, pairs: StagePairs, sums: StateSums, size: int,
+           check: Callable[[int], None]) -> list[StageSpec] | None:
+    """The best chain for one micro-batch size: a pass along one topological order bounds the full pass."""
+    max_stages = max(1, min(request.num_devices, len(request.units.keys)))
+    costs = {degree: stage_costs(sums, pairs, size, degree, request.memory_limit, max_stages)
+             for degree in divisors_up_to(size, request.num_devices)}
+    limits = [int(c.in_flight_cap[(c.in_flight_cap >= 1) & (c.in_flight_cap < max_stages)].max(initial=0))
+              for c in costs.values()]
+    shape = (len(dag.states), request.num_devices + 1, min(max_stages, 1 + max(limits)) + 1)
+    if np.prod(shape) > MAX_TABLE_CELLS:
+        raise PlanningError(
+            f"pipedream: gave up: its DP table of {shape[0]:,} antichain states x {shape[1]} device counts x "
+            f"{shape[2]} stage counts would need {np.prod(shape) * 16 / 2**30:.1f} GiB; plan at layer granularity "
+            "(--granularity layer), on fewer devices, or use planner 'graphpipe'")
+    levels = _levels(dag, pairs)
+    fits = {degree: c.in_flight_cap >= 1 for degree, c in costs.items()}
+    on_order = _prefix_pairs(dag, pairs)
+    bound = dp_pass(pairs, costs, {d: fits[d] & on_order for d in costs}, levels, shape, check).answer()[0]
+    keep = {degree: fits[degree] & (c.tps_ms <= bound) for degree, c in costs.items()}
+    tables = dp_pass(pairs, costs, keep, levels, shape, check)
+    if not np.isfinite(tables.answer()[0]):
         return None
-    stages, start, m, k = [], 0, num_devices, num_devices
-    while start < num_items:
-        tag = int(choices[start][m, k])
-        stop, r = divmod(tag, num_devices + 1)
-        stages.append(StageSpec(ops=info.ops(start, stop), num_devices=r, micro_batch_size=size))
-        start, m, k = stop, m - r, k - 1
-    return stages
+    return [StageSpec(ops=_ops(request, units), num_devices=degree, micro_batch_size=size)
+            for units, degree in chain(tables, dag.states, request.num_devices)]
+
+
+def _prefix_pairs(dag: AntichainDag, pairs: StagePairs) -> np.ndarray:
+    """The pairs of prefixes of the units' topological order: the chain DP of one order, whose best plan is a
+    plan of the antichain DAG too, so no better plan has a stage slower than its bottleneck."""
+    index = {state: idx for idx, state in enumerate(dag.states)}
+    prefixes = [index[(1 << count) - 1] for count in range(dag.num_units + 1)]
+    on_order = np.zeros(len(pairs.uppers), dtype=bool)
+    for pos, lower in enumerate(prefixes):
+        lo, hi = pairs.offsets[lower], pairs.offsets[lower + 1]
+        on_order[lo + np.searchsorted(pairs.uppers[lo:hi], prefixes[pos + 1 :])] = True
+    return on_order
+
+
+def _levels(dag: AntichainDag, pairs: StagePairs) -> list[tuple[int, int]]:
+    """The pair ranges of the states of each size, largest first (the whole graph has no pairs)."""
+    sizes = [state.bit_count() for state in dag.states]
+    starts = [idx for idx in range(1, len(sizes)) if sizes[idx] != sizes[idx - 1]] + [len(sizes)]
+    return [(int(pairs.offsets[a]), int(pairs.offsets[b])) for a, b in itertools.pairwise(starts)]
+
+
+def _ops(request: PlanRequest, units: int) -> tuple[str, ...]:
+    return tuple(op for idx in range(units.bit_length()) if units >> idx & 1 for op in request.units.ops[idx])

@@ -1,14 +1,26 @@
-"""The Piper planner (docs/method.md §7): a DP over the downsets (ideals) of the DAG.
+"""The Piper planner (docs/method.md §7): a DP over the downsets (ideals) of the unit DAG.
 
-Downsets are taken over the graph's units (`graphpipe.graph.sp.stage_units`: replicated ops ride
-with their readers, ops that must share a stage are one unit). A stage is the difference
-J \\ I of two downsets I ⊂ J, so every stage is convex and the
-stages form a chain; each stage gets its own data-parallel degree; memory is
-a · in-flight + b per stage (activations per micro-batch times the 1F1B in-flight count of
-a chain, plus weights, gradients and optimizer state). The number of downsets grows
-exponentially with the graph's width, so, like the original on many-branch models, the
-planner gives up with a PlanningError beyond `max_downsets` downsets or `time_limit_s`
-seconds (options of the request).
+Downsets are taken over the graph's units (`graphpipe.graph.sp.stage_units`; at layer granularity a
+whole layer is one unit, as in the original's layer graphs). A stage is the difference J \\ I of two
+downsets I ⊂ J, so every stage is convex and the stages form a chain; each stage gets its own
+data-parallel degree (a divisor of the micro-batch); a stage p-th from the end holds min(p, B / b)
+micro-batches in flight (1F1B on a chain) beside 4 × its weights (`graphpipe.cost.formulas.memory`).
+
+Budgets, as in the original Piper (msr-fiddle/piper, `algo.cpp`: IDEALS_LIMIT and
+IDEALS_EXPLORATION_LIMIT): the downsets are counted first; once 200,000 (`max_explored`) are found
+the search stops, and a graph with more than 40,000 (`max_downsets`) gives up before any DP runs,
+saying how many it found. The number of downsets grows exponentially with the number of parallel
+branches, which is why Piper cannot plan many-branch models. `time_limit_s` (default 600 s) is a
+safety net; the budgets decide.
+
+Speed (`best[I][m][c]`: the smallest bottleneck TPS of the units after downset I on at most m
+devices in a chain of min(stages, K) = c stages, K = min(devices, B / b)): the downsets are bitsets,
+stage costs are totals per downset (`piper_costs`), and each upper downset J pushes its final table
+into all of its sub-downsets I in one numpy operation per degree. Pruning keeps the optimum exact:
+the optimum restricted to the prefixes of the topological order (a subset of Piper's space) bounds
+it from above, so stages and table entries slower than that bound are skipped; only the rows of
+J's table that improve on one device fewer are pushed, and each table is made non-increasing in m
+before it is used, which restores the rows skipped.
 """
 
 from __future__ import annotations
@@ -18,40 +30,33 @@ import time
 import numpy as np
 
 from graphpipe.errors import PlanningError
-from graphpipe.planner.baselines.chain_dp import empty, in_flight_cap, relax
+from graphpipe.planner.baselines.downsets import WORD, Downsets, find_downsets, num_words
+from graphpipe.planner.baselines.piper_costs import Boundary, PairTraffic, StageTables, above, below, boundary
 from graphpipe.planner.request import PlanRequest
 from graphpipe.planner.sp_dp import divisors_up_to
 from graphpipe.planner.stage_spec import Partition, StageSpec
 
-DEFAULT_MAX_DOWNSETS = 2000
-DEFAULT_TIME_LIMIT_S = 60.0
+DEFAULT_MAX_DOWNSETS = 40_000  # IDEALS_LIMIT of the original
+DEFAULT_MAX_EXPLORED = 200_000  # IDEALS_EXPLORATION_LIMIT of the original
+DEFAULT_TIME_LIMIT_S = 600.0
+BOUND_SLACK = 1e-9  # the bound's stages, summed over other downsets, may cost a few ulps more
 
 
-def enumerate_downsets(request: PlanRequest, max_downsets: int, deadline: float) -> list[int]:
-    """Every downward-closed op set as a bitmask over topological positions, largest first."""
-    graph = request.graph
-    units = request.units
-    pos = {key: idx for idx, key in enumerate(units.keys)}
-    pred_mask = [sum(1 << pos[p] for p in units.preds[key]) for key in units.keys]
-    seen = {0}
-    frontier = [0]
-    while frontier:
-        if len(seen) > max_downsets or time.perf_counter() > deadline:
-            limit_s = time_limit_s(request)
-            raise PlanningError(
-                f"piper: no strategy within {max_downsets} downsets / {limit_s} s: "
-                f"graph {graph.name!r} ({len(graph)} ops) has too many downsets (its search space grows "
-                "exponentially with the number of branches); use planner 'graphpipe'")
-        nxt = []
-        for mask in frontier:
-            for idx, need in enumerate(pred_mask):
-                if not mask >> idx & 1 and need & mask == need:
-                    grown = mask | 1 << idx
-                    if grown not in seen:
-                        seen.add(grown)
-                        nxt.append(grown)
-        frontier = nxt
-    return sorted(seen, key=lambda m: -bin(m).count("1"))
+class Search:
+    """One Piper search space: downsets, the traffic of every stage J \\ I, and a deadline."""
+
+    def __init__(self, request: PlanRequest, downsets: Downsets, edges: Boundary, deadline: float) -> None:
+        self.request = request
+        self.downsets = downsets
+        self.edges = edges
+        self.deadline = deadline
+        self.traffic = [below(downsets, edges, upper) for upper in range(len(downsets))]
+
+    def check_clock(self) -> None:
+        if time.perf_counter() > self.deadline:
+            limit_s = time_limit_s(self.request)
+            raise PlanningError(f"piper: no strategy within {limit_s} s ({len(self.downsets):,} downsets); raise "
+                                "--time-limit (PlanOptions.time_limit_s) or use planner 'graphpipe'")
 
 
 def time_limit_s(request: PlanRequest) -> float:
@@ -59,50 +64,119 @@ def time_limit_s(request: PlanRequest) -> float:
 
 
 def plan_piper(request: PlanRequest) -> list[Partition]:
-    limit_s = time_limit_s(request)
-    deadline = time.perf_counter() + limit_s
-    downsets = enumerate_downsets(request, request.options.max_downsets or DEFAULT_MAX_DOWNSETS, deadline)
+    deadline = time.perf_counter() + time_limit_s(request)
+    opts = request.options
+    downsets = find_downsets(request.units, max_downsets=opts.max_downsets or DEFAULT_MAX_DOWNSETS,
+                             max_explored=opts.max_explored or DEFAULT_MAX_EXPLORED, deadline=deadline,
+                             graph_name=request.graph.name)
+    edges = boundary(request)
+    search = Search(request, downsets, edges, deadline)
+    prefixes = Search(request, prefix_downsets(len(request.units.keys)), edges, deadline)
     found = []
     for size in request.micro_batch_sizes:
-        stages = _solve(request, downsets, size, deadline, limit_s)
-        if stages is not None:
-            found.append(Partition(stages=tuple(stages), sequential=True))
+        prefix_best = solve(prefixes, size, np.inf)  # None: no chain of prefixes fits, search without a bound
+        bound = prefix_best[0] * (1 + BOUND_SLACK) if prefix_best is not None else np.inf
+        best = solve(search, size, bound)
+        if best is not None:
+            found.append(Partition(stages=tuple(best[1]), sequential=True))
     return found
 
 
-def _solve(request: PlanRequest, downsets: list[int], size: int, deadline: float,
-           limit_s: float) -> list[StageSpec] | None:
-    units = request.units.ops
-    model, num_devices = request.model, request.num_devices
+def prefix_downsets(num_units: int) -> Downsets:
+    """The downsets made of the first i units in topological order (every unit first, none last)."""
+    words = np.zeros((num_units + 1, num_words(num_units)), dtype=np.uint64)
+    for count in range(num_units + 1):
+        for idx in range(num_units - count):
+            words[count, idx // WORD] |= np.uint64(1 << idx % WORD)
+    return Downsets(words=words, num_units=num_units)
+
+
+def solve(search: Search, size: int, bound: float) -> tuple[float, list[StageSpec]] | None:
+    """The best chain of stages at micro-batch `size` (its bottleneck TPS and stages), or None if none fits;
+    `bound` is at least the optimum (stages slower than it are skipped)."""
+    request = search.request
+    num_devices = request.num_devices
+    max_stages = max(1, min(num_devices, request.global_batch_size // size))
     degrees = divisors_up_to(size, num_devices)
-    full = downsets[0]
-    best = {full: np.zeros((num_devices + 1, num_devices + 1))}
-    choice: dict[int, np.ndarray] = {}
-    tags: list[tuple[int, int]] = []
-    for lower in downsets[1:]:
-        if time.perf_counter() > deadline:
-            raise PlanningError(f"piper: no strategy within {len(downsets)} downsets / {limit_s} s; "
-                                "use planner 'graphpipe'")
-        row, chosen = empty(num_devices, num_devices), np.zeros((num_devices + 1, num_devices + 1), dtype=np.int64)
-        for upper, rest in best.items():
-            if upper & lower != lower:
-                continue
-            diff = upper ^ lower
-            ops = [op for idx in range(diff.bit_length()) if diff >> idx & 1 for op in units[idx]]
-            for r in degrees:
-                cost = model.stage_cost(ops, r, size)
-                k_max = in_flight_cap(cost.param_bytes, cost.act_bytes, request.memory_limit,
-                                      request.global_batch_size // size)
-                tags.append((upper, r))
-                relax(row, chosen, rest, cost.tps_ms, r, k_max, len(tags) - 1)
-        best[lower], choice[lower] = row, chosen
-    if 0 not in best or not np.isfinite(best[0][num_devices, num_devices]):
+    tables = StageTables(request, search.downsets, size, degrees)
+    best = np.full((len(search.downsets), num_devices + 1, max_stages + 1), np.inf)
+    best[0, :, 0] = 0.0  # id 0 holds every unit: nothing left to stage
+    for upper in range(len(search.downsets)):
+        search.check_clock()
+        np.minimum.accumulate(best[upper], axis=0, out=best[upper])
+        push(best, tables, search.traffic[upper], upper, degrees, bound)
+    ends = best[len(search.downsets) - 1, num_devices]
+    value = float(ends.min())
+    if not np.isfinite(value):
         return None
-    stages, lower, m, k = [], 0, num_devices, num_devices
-    while lower != full:
-        upper, r = tags[int(choice[lower][m, k])]
-        diff = upper ^ lower
-        stage_ops = tuple(op for idx in range(diff.bit_length()) if diff >> idx & 1 for op in units[idx])
-        stages.append(StageSpec(ops=stage_ops, num_devices=r, micro_batch_size=size))
-        lower, m, k = upper, m - r, k - 1
+    fewest = int(np.flatnonzero(ends <= value * (1 + BOUND_SLACK))[0])  # of the optimal chains, the shallowest
+    return value, trace(search, tables, best, degrees, fewest)
+
+
+def push(best: np.ndarray, tables: StageTables, traffic: PairTraffic, upper: int, degrees: tuple[int, ...],
+         bound: float) -> None:
+    """Relax every stage upper \\ I (I a sub-downset) with each degree: best[I] from best[upper]."""
+    table = best[upper]
+    num_devices, max_stages = table.shape[0] - 1, table.shape[1] - 1
+    useful = table <= bound
+    if not useful.any() or not len(traffic.lowers):
+        return
+    rows_ok = np.flatnonzero(useful.any(axis=1))
+    cols_ok = np.flatnonzero(useful.any(axis=0))
+    low_col, high_col = min(cols_ok[0] + 1, max_stages), min(cols_ok[-1] + 1, max_stages)
+    rest = table[:, low_col - 1: high_col].copy()  # target column c reads column c - 1 ...
+    if high_col == max_stages:
+        np.minimum(rest[:, -1], table[:, max_stages], out=rest[:, -1])  # ... and K reads K as well
+    first = rows_ok[0]
+    drops = np.flatnonzero(np.any(rest[first + 1:] < rest[first:-1], axis=1)) + first + 1
+    rows = np.concatenate([[first], drops])
+    columns = np.arange(low_col, high_col + 1)
+    for degree in degrees:
+        rows = rows[rows + degree <= num_devices]
+        if not len(rows):
+            return
+        tps, k_max = tables.stage(traffic, degree, max_stages)
+        keep = np.flatnonzero((tps <= bound) & (k_max >= low_col))
+        if not len(keep):
+            continue
+        cand = np.maximum(rest[rows][None, :, :], tps[keep, None, None])
+        cand[np.broadcast_to((columns[None, :] > k_max[keep, None])[:, None, :], cand.shape)] = np.inf
+        lowers = traffic.lowers[keep][:, None]
+        target = best[lowers, rows[None, :] + degree, low_col: high_col + 1]
+        best[lowers, rows[None, :] + degree, low_col: high_col + 1] = np.minimum(target, cand)
+
+
+def trace(search: Search, tables: StageTables, best: np.ndarray, degrees: tuple[int, ...],
+          count: int) -> list[StageSpec]:
+    """The stages of the best chain of `count` stages (min(stages, K)), from the first: at each downset, a
+    stage that attains its table entry."""
+    units = search.request.units.ops
+    downsets = search.downsets
+    max_stages = best.shape[2] - 1
+    lower, devices = len(downsets) - 1, best.shape[1] - 1
+    stages = []
+    while lower != 0:
+        pairs = above(downsets, search.edges, lower)
+        value, step = np.inf, (0, 0, 0)
+        for degree in degrees:
+            if degree > devices:
+                break
+            tps, k_max = tables.stage(pairs, degree, max_stages)
+            for before in (count - 1, count) if count == max_stages else (count - 1,):
+                cand = np.maximum(tps, best[pairs.uppers, devices - degree, before])
+                cand[k_max < count] = np.inf
+                pick = int(np.argmin(cand))
+                if cand[pick] < value:
+                    value, step = float(cand[pick]), (int(pairs.uppers[pick]), degree, before)
+        upper, degree, before = step
+        stage = downsets.members[upper] & ~downsets.members[lower]
+        ops = tuple(op for idx in np.flatnonzero(stage) for op in units[idx])
+        stages.append(StageSpec(ops=ops, num_devices=degree, micro_batch_size=tables.size))
+        lower, devices, count = upper, devices - degree, before
     return stages
+
+
+def enumerate_downsets(request: PlanRequest, max_downsets: int, deadline: float) -> list[int]:
+    """Every downset of the request's units as an int bitmask over unit positions, largest first."""
+    return find_downsets(request.units, max_downsets=max_downsets, max_explored=max(DEFAULT_MAX_EXPLORED,
+                              max_downsets + 1), deadline=deadline, graph_name=request.graph.name).as_ints()

@@ -20,7 +20,6 @@ if TYPE_CHECKING:  # the real types for type checkers; at run time the names loa
     from graphpipe.cost.profile import profile as profile
     from graphpipe.cost.sources import CostSource as CostSource
     from graphpipe.cost.sources import choose_costs as choose_costs
-    from graphpipe.empty_weights import empty_weights as empty_weights
     from graphpipe.errors import GraphCaptureError as GraphCaptureError
     from graphpipe.errors import GraphPipeError as GraphPipeError
     from graphpipe.errors import PlanningError as PlanningError
@@ -30,6 +29,7 @@ if TYPE_CHECKING:  # the real types for type checkers; at run time the names loa
     from graphpipe.graph.op_graph import OpGraph as OpGraph
     from graphpipe.graph.op_graph import OpNode as OpNode
     from graphpipe.graph.tensor_meta import TensorMeta as TensorMeta
+    from graphpipe.meta_weights import empty_weights as empty_weights
     from graphpipe.model_inputs import ModelInputs as ModelInputs
     from graphpipe.models import ZooModel as ZooModel
     from graphpipe.models import load_model as load_model
@@ -76,7 +76,7 @@ _EXPORTS: dict[str, str] = {
     "simulate": "graphpipe.simulation.simulator",
     "SimResult": "graphpipe.simulation.result",
     "PipelineTrainer": "graphpipe.runtime.trainer",
-    "empty_weights": "graphpipe.empty_weights",
+    "empty_weights": "graphpipe.meta_weights",
     "materialize": "graphpipe.runtime.materialize",
     "load_model": "graphpipe.models",
     "ZooModel": "graphpipe.models",

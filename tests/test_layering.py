@@ -63,7 +63,9 @@ def test_public_functions_are_not_shadowed_by_subpackages() -> None:
 
     for layer in LAYERS:
         importlib.import_module(f"graphpipe.{layer}")
-    for name in ("capture", "profile", "analytic_costs", "plan", "simulate", "make_schedule", "load_model"):
+    importlib.import_module("graphpipe.meta_weights")
+    for name in ("capture", "profile", "analytic_costs", "plan", "simulate", "make_schedule", "load_model",
+                 "empty_weights", "materialize", "choose_costs"):
         assert callable(getattr(gp, name)) and not isinstance(getattr(gp, name), type(gp)), name
 
 

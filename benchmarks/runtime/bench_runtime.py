@@ -1,17 +1,26 @@
 """Measured training throughput on this machine: graphpipe's graph plan, graphpipe's sequential plan,
-and torch.distributed.pipelining's Schedule1F1B on a sequential split, side by side in one run;
-and the simulator's prediction of the measured iteration time.
+and torch.distributed.pipelining on a sequential split, side by side in one run; and the simulator's
+prediction of the measured iteration time.
 
     .venv/bin/python benchmarks/runtime/bench_runtime.py            # writes results/runtime.json
     .venv/bin/python benchmarks/runtime/bench_runtime.py --rounds 3 --iters 3 --models mmt
+
+Two regimes, each with all three variants:
+- like-for-like (`graphpipe`, `sequential`, `torch-pipelining`): every variant runs the same number of
+  micro-batches (`--micro-batches`, default 4, one per stage of the 4-stage chain, which torch's
+  Schedule1F1B needs), so the micro-batch size is the same too; graph against chain is the graph's
+  share, graphpipe's chain against torch the runtime's own share;
+- best-of (`...-best`): each planner picks its micro-batch; torch pipelining runs the best chain plan,
+  with ScheduleGPipe where it has fewer micro-batches than stages (Schedule1F1B cannot run it), and
+  not at all when that plan is not a 4-stage chain of one rank each.
 
 First a gloo ping-pong between two processes measures the loopback link (`calibrate_host.py`).
 Per model: profile the ops on one CPU thread, calibrate the `cpu` device to that profile
 (`graphpipe.cost.calibrate`), measure the runtime's per-action overheads (a one-rank trainer's
 forward and backward minus the profile of their ops) and the Adam step, plan with the graphpipe
-and sequential planners on a plain `local-cpu` model (the ops alone), and simulate both plans
+and sequential planners on a plain `local-cpu` model (the ops alone), and simulate the plans
 with the full model (shared cores, action overheads, measured link, the loss all-reduce) and
-with each term left out (the ablation). Then 4 ranks (gloo, one thread each) train all three
+with each term left out (the ablation). Then 4 ranks (gloo, one thread each) train all the
 variants, interleaved round by round so that machine noise hits each alike; each round times
 `--iters` iterations and records how much of the cores other processes used meanwhile; the
 prediction is compared with the median of the quiet rounds (other processes < 10% of the cores).
@@ -55,10 +64,19 @@ MODELS: dict[str, dict[str, Any]] = {
 
 # ---- planning (parent process) ------------------------------------------------------------------
 # Model terms of the prediction; the ablation removes one at a time.
+PLANNED = ("graphpipe", "sequential", "graphpipe-best", "sequential-best")
 TERMS = ("measured_op_costs", "shared_cores", "action_overheads", "measured_link", "loss_all_reduce")
 
 
-def prepare(name: str, batch: int, link: dict[str, float]) -> dict[str, Any]:
+def plan_variants(sizes: list[int], batch: int, micro_batches: int) -> dict[str, tuple[str, list[int]]]:
+    """The plans to run: like-for-like, graph and chain at the same number of micro-batches (torch pipelining
+    runs the chain one), and best-of, each planner free to pick its micro-batch."""
+    same = [batch // micro_batches]
+    return {"graphpipe": ("graphpipe", same), "sequential": ("sequential", same),
+            "graphpipe-best": ("graphpipe", sizes), "sequential-best": ("sequential", sizes)}
+
+
+def prepare(name: str, batch: int, link: dict[str, float], micro_batches: int) -> dict[str, Any]:
     """Profile, calibrate (ops, per-action overheads, link), plan (graph and sequential) and simulate one model."""
     from graphpipe.cost.analytic import analytic_costs
     from graphpipe.cost.calibrate import fit_device
@@ -89,16 +107,15 @@ def prepare(name: str, batch: int, link: dict[str, float]) -> dict[str, Any]:
     device = calibrated_device(fit.device, overheads)
     cluster = dataclasses.replace(plain, device=device, intra_node=loopback, inter_node=loopback,
                                   cores_per_node=os.cpu_count() or 1)
-    out: dict[str, Any] = {"model": name, "options": MODELS[name], "batch": batch, "calibration": str(fit),
+    out: dict[str, Any] = {"model": name, "options": MODELS[name], "batch": batch, "micro_batches": micro_batches,
+                           "calibration": str(fit),
                            "device": device.to_dict(), "cluster": cluster.to_dict(), "overheads": overheads}
-    for planner in ("graphpipe", "sequential"):
-        # torch pipelining's 1F1B needs at least one micro-batch per stage: the chain baseline keeps to that
-        allowed = sizes if planner == "graphpipe" else [s for s in sizes if batch // s >= WORLD]
-        # planned on the plain model (the ops alone), as before, so that the variants stay the pipelines that
-        # are compared with torch pipelining; the calibrated model only predicts
+    for variant, (planner, allowed) in plan_variants(sizes, batch, micro_batches).items():
+        # planned on the plain model (the ops alone), so that the variants stay the pipelines that are compared
+        # with torch pipelining; the calibrated model only predicts
         planned = plan(graph, costs, plain, batch, planner=planner, micro_batch_sizes=allowed)
         tables = {"measured": measured, "fitted": costs}
-        out[planner] = {"plan": planned.to_dict(), "predictions": predictions(planned, tables, cluster, fit.device),
+        out[variant] = {"plan": planned.to_dict(), "predictions": predictions(planned, tables, cluster, fit.device),
                         "simulated_actions_ms": simulated_actions(planned, measured, cluster),
                         "stages": [str(s) for s in planned.stages], "depth": planned.depth}
     return out
@@ -230,16 +247,17 @@ def _variants(prepared: dict[str, Any], rank: int) -> tuple[dict[str, Any], dict
     inputs, targets = shuffled_batch(zoo, 0, 0)
     runners: dict[str, Any] = {}
     trainers: dict[str, Any] = {}
-    for planner in ("graphpipe", "sequential"):
-        plan = Plan.from_dict(prepared[planner]["plan"])
+    for variant in PLANNED:
+        plan = Plan.from_dict(prepared[variant]["plan"])
         model = load_model(name, "tiny", batch_size=batch, seed=0, **MODELS[name]).model
         trainer = PipelineTrainer(model, plan, optimizer=lambda ps: torch.optim.Adam(ps, lr=1e-4),
                                   loss_fn=zoo.loss_fn, schedule="1f1b")
-        runners[planner] = lambda t=trainer: t.step(inputs, targets)
-        trainers[planner] = trainer
-    seq = Plan.from_dict(prepared["sequential"]["plan"])
-    if is_chain(seq):
-        runners["torch-pipelining"] = _pipelining_runner(seq, name, batch, rank, inputs, targets, zoo.loss_fn)
+        runners[variant] = lambda t=trainer: t.step(inputs, targets)
+        trainers[variant] = trainer
+    for chain, torch_variant in (("sequential", "torch-pipelining"), ("sequential-best", "torch-pipelining-best")):
+        seq = Plan.from_dict(prepared[chain]["plan"])
+        if is_chain(seq):
+            runners[torch_variant] = _pipelining_runner(seq, name, batch, rank, inputs, targets, zoo.loss_fn)
     return runners, trainers
 
 
@@ -259,14 +277,16 @@ def is_chain(plan: Plan) -> bool:
 
 def _pipelining_runner(plan: Plan, name: str, batch: int, rank: int, inputs: Any, targets: Any,
                        loss_fn: Any) -> Any:
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     from graphpipe.models import load_model
 
     model = load_model(name, "tiny", batch_size=batch, seed=0, **MODELS[name]).model
     module = pipelining_stage(model, plan, rank)
     stage = PipelineStage(module, rank, WORLD, torch.device("cpu"))
-    schedule = Schedule1F1B(stage, batch // plan.stages[0].micro_batch_size, loss_fn=loss_fn)
+    micro_batches = batch // plan.stages[0].micro_batch_size
+    kind = Schedule1F1B if micro_batches >= WORLD else ScheduleGPipe  # 1F1B needs a micro-batch per stage
+    schedule = kind(stage, micro_batches, loss_fn=loss_fn)
     params = [p for _, p in module.stage.named_parameters()]
     optimizer = torch.optim.Adam(params, lr=1e-4)
 
@@ -390,7 +410,7 @@ def summarise(item: dict[str, Any], measured_rounds: dict[str, Any], actions: di
                      "iteration_s_all": seconds, "other_load_all": other, "num_quiet_rounds": len(quiet),
                      "busy_cores_all": measured_rounds.get("ours", {}).get(key, []),
                      "iteration_s_quiet_median": statistics.median(quiet) if quiet else None}
-        if key in ("graphpipe", "sequential"):
+        if key in PLANNED:
             measured = statistics.median(quiet or seconds)
             everything = statistics.median(seconds)
             predicted = item[key]["predictions"]
@@ -401,18 +421,28 @@ def summarise(item: dict[str, Any], measured_rounds: dict[str, Any], actions: di
                                        "simulated": item[key]["simulated_actions_ms"]}
             rows[key]["ablation"] = {name: {"simulated_iteration_s": value, "error": (value - measured) / measured}
                                      for name, value in predicted.items()}
-    base = rows.get("torch-pipelining", {}).get("samples_per_s_median")
-    ratios = {k: v["samples_per_s_median"] / base for k, v in rows.items()} if base else {}
-    return {**{k: v for k, v in item.items() if k not in ("graphpipe", "sequential")},
+    return {**{k: v for k, v in item.items() if k not in PLANNED},
             "plans": {k: {"stages": item[k]["stages"], "depth": item[k]["depth"], "plan": item[k]["plan"]}
-                      for k in ("graphpipe", "sequential")},
-            "variants": rows, "ratio_to_torch_pipelining": ratios}
+                      for k in PLANNED},
+            "variants": rows, "ratio_to_torch_pipelining": torch_ratios(rows)}
+
+
+def torch_ratios(rows: dict[str, Any]) -> dict[str, float]:
+    """samples/s over torch pipelining's in the same regime (like-for-like, or "-best")."""
+    out = {}
+    for key, row in rows.items():
+        base = rows.get("torch-pipelining-best" if key.endswith("-best") else "torch-pipelining")
+        if base:
+            out[key] = row["samples_per_s_median"] / base["samples_per_s_median"]
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="mmt,transformer")
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--micro-batches", type=int, default=WORLD,
+                        help=f"micro-batches per iteration of the like-for-like variants (default {WORLD})")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--out", default=str(HERE / "results" / "runtime.json"))
@@ -421,14 +451,14 @@ def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     link = measure_link()
     print(f"loopback: {link['latency_us']:.0f} us one way, {link['bandwidth_gb_per_s']:.2f} GB/s", file=sys.stderr)
-    prepared = [prepare(name, args.batch, link) for name in args.models.split(",")]
+    prepared = [prepare(name, args.batch, link, args.micro_batches) for name in args.models.split(",")]
     for item in prepared:
         print(f"{item['model']}: {item['calibration']}", file=sys.stderr)
         dev = item["device"]
         print(f"  per action: forward {dev['fwd_action_overhead_us']:.0f} us, backward "
               f"{dev['bwd_action_overhead_us']:.0f} us, optimizer step {dev['step_overhead_us']:.0f} us",
               file=sys.stderr)
-        for key in ("graphpipe", "sequential"):
+        for key in PLANNED:
             print(f"  {key}: depth {item[key]['depth']}, {item[key]['stages']}", file=sys.stderr)
     times, actions = measure(prepared, args.rounds, args.iters)
     report = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "ranks": WORLD, "threads_per_rank": 1,
@@ -451,7 +481,7 @@ def main() -> int:
             print(f"  {key:>16}: {row['samples_per_s_median']:8.1f} samples/s "
                   f"[{row['samples_per_s_min']:.1f}, {row['samples_per_s_max']:.1f}], "
                   f"{row['iteration_s_median'] * 1e3:.1f} ms{quiet_text}{extra}")
-        for key in ("graphpipe", "sequential"):
+        for key in PLANNED:
             acts = model["variants"][key]["actions_ms"]
             for rank, measured in acts["measured"].items():
                 simulated = acts["simulated"].get(rank, acts["simulated"].get(str(rank), {}))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import statistics
@@ -39,6 +40,8 @@ SWEEPS: dict[str, list[tuple[str, int, int]]] = {  # (model, layers per branch, 
     "ops": [("mmt", 8, 32), ("mmt", 16, 32), ("mmt", 32, 32), ("mmt", 64, 32),
             ("transformer", 32, 32), ("transformer", 64, 32), ("transformer", 128, 32)],
     "devices": [("mmt", 32, 8), ("mmt", 32, 32), ("mmt", 32, 128), ("mmt", 32, 512), ("mmt", 32, 1024)],
+    # the paper's models as the paper sizes them (layers 0: the preset's), against the baselines
+    "baselines": [(model, 0, devices) for model in ("candle_uno", "dlrm", "mmt") for devices in (8, 32)],
 }
 
 
@@ -60,6 +63,7 @@ def one_run(graph_file: str, costs_file: str, devices: int, planner: str, granul
     seconds = time.perf_counter() - start
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"seconds": seconds, "peak_mib": peak_kib / 1024, "loaded_mib": before_kib / 1024,
+            "load_average": os.getloadavg()[0],
             "samples_per_s": best.predicted_samples_per_s, "depth": best.depth, "stages": best.num_stages,
             "micro_batch": best.stages[0].micro_batch_size, "devices_used": best.world_size}
 
@@ -72,6 +76,9 @@ def spawn(graph_file: Path, costs_file: Path, devices: int, planner: str, granul
         done = subprocess.run(command, capture_output=True, text=True, timeout=limit_s, check=True)
     except subprocess.TimeoutExpired:
         return {"seconds": limit_s, "stopped": True}
+    except subprocess.CalledProcessError as err:  # a crash is a result too: recorded, the sweep goes on
+        last = (err.stderr or "").strip().splitlines()[-1:] or ["no message"]
+        return {"seconds": 0.0, "gave_up": f"crashed: {last[0][:160]}"}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -82,7 +89,7 @@ def capture_to(folder: Path, model: str, layers: int) -> tuple[Path, Path, int, 
     from graphpipe.graph.layers import layer_blocks
     from graphpipe.models import load_model
 
-    zoo = load_model(model, "paper", device="meta", num_layers=layers)
+    zoo = load_model(model, "paper", device="meta", **({"num_layers": layers} if layers else {}))
     graph = capture(zoo.model, zoo.inputs, name=f"{model}-{layers}")
     graph_file, costs_file = folder / f"{model}-{layers}.graph.json", folder / f"{model}-{layers}.costs.json"
     graph.save(graph_file)
@@ -90,7 +97,8 @@ def capture_to(folder: Path, model: str, layers: int) -> tuple[Path, Path, int, 
     return graph_file, costs_file, len(graph), len(layer_blocks(graph))
 
 
-def run_sweep(name: str, planners: tuple[str, ...], rounds: int, limit_s: float, folder: Path) -> list[dict[str, Any]]:
+def run_sweep(name: str, planners: tuple[str, ...], granularities: tuple[str, ...], rounds: int, limit_s: float,
+              folder: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     stopped: set[tuple[str, str, str]] = set()  # (model, planner, granularity) past the limit at a smaller size
     captured: dict[tuple[str, int], tuple[Path, Path, int, int]] = {}
@@ -100,7 +108,7 @@ def run_sweep(name: str, planners: tuple[str, ...], rounds: int, limit_s: float,
         graph_file, costs_file, ops, blocks = captured[(model, layers)]
         runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for _ in range(rounds):
-            for granularity in GRANULARITIES:
+            for granularity in granularities:
                 for planner in planners:
                     if (model, planner, granularity) in stopped:
                         continue
@@ -140,22 +148,32 @@ def cell(row: dict[str, Any] | None, limit_s: float) -> str:
 
 
 def table(rows: list[dict[str, Any]], planners: tuple[str, ...], limit_s: float) -> str:
-    head = ["model", "layers", "ops / blocks", "devices", "gran.", *planners, "graphpipe / sequential",
+    """One row per configuration and granularity: each planner's median seconds, graphpipe / sequential and
+    each other baseline / graphpipe (per-round ratios: median, lowest-highest), graphpipe's peak memory."""
+    others = [p for p in planners if p not in ("graphpipe", "sequential")]
+    ratios = [("graphpipe", "sequential")] * ("sequential" in planners) + [(p, "graphpipe") for p in others]
+    head = ["model", "layers", "ops / blocks", "devices", "gran.", *planners, *(f"{a} / {b}" for a, b in ratios),
             "peak MiB (graphpipe)"]
-    lines = ["| " + " | ".join(head) + " |", "|---|---:|---:|---:|---|" + "---:|" * (len(planners) + 2)]
+    lines = ["| " + " | ".join(head) + " |", "|---|---:|---:|---:|---|" + "---:|" * (len(planners) + len(ratios) + 1)]
     configs = sorted({(r["model"], r["layers"], r["ops"], r["blocks"], r["devices"]) for r in rows},
                      key=lambda c: (c[0], c[1], c[4]))
     for model, layers, ops, blocks, devices in configs:
-        for granularity in GRANULARITIES:
+        for granularity in present_granularities(rows):
             where = {"model": model, "layers": layers, "devices": devices}
             cells = {r["planner"]: r for r in rows if r["granularity"] == granularity
                      and all(r[k] == v for k, v in where.items())}
+            if not cells:
+                continue
             peak = cells.get("graphpipe", {}).get("peak_mib")
-            lines.append(f"| {model} | {layers} | {ops} / {blocks} | {devices} | {granularity} | "
+            lines.append(f"| {model} | {layers or 'paper'} | {ops} / {blocks} | {devices} | {granularity} | "
                          + " | ".join(cell(cells.get(p), limit_s) for p in planners) + " | "
-                         + ratio_cell(rows, "graphpipe", "sequential", granularity, **where) + " | "
+                         + " | ".join(ratio_cell(rows, a, b, granularity, **where) for a, b in ratios) + " | "
                          + (f"{peak:.0f}" if peak else "-") + " |")
     return "\n".join(lines)
+
+
+def present_granularities(rows: list[dict[str, Any]]) -> list[str]:
+    return sorted({r["granularity"] for r in rows}, key=GRANULARITIES.index)
 
 
 def plot(rows: list[dict[str, Any]], planners: tuple[str, ...], path: Path) -> None:
@@ -195,15 +213,25 @@ def main() -> None:
         print(json.dumps(one_run(graph_file, costs_file, int(devices), planner, granularity)))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sweep", choices=("ops", "devices", "both"), default="both")
+    parser.add_argument("--sweep", choices=("ops", "devices", "both", "baselines"), default="both",
+                        help="ops and devices (both, the default), or baselines: the paper's models at 8 and 32 "
+                             "devices, for graphpipe against PipeDream and Piper at layer granularity")
     parser.add_argument("--planners", default=",".join(PLANNERS))
     parser.add_argument("--rounds", type=int, default=3, help="runs of every planner per configuration (default 3)")
     parser.add_argument("--limit", type=float, default=120.0, help="seconds before a run is stopped (default 120)")
     parser.add_argument("--max-layers", type=int, default=None, help="leave out larger models (a quick look)")
     parser.add_argument("--max-devices", type=int, default=None, help="leave out more devices (a quick look)")
+    parser.add_argument("--granularities", default=",".join(GRANULARITIES))
+    parser.add_argument("--plot-only", nargs="+", metavar="RESULTS.json",
+                        help="draw search_time.png from these result files and stop")
     parser.add_argument("--out", default=str(HERE / "results.json"))
     args = parser.parse_args()
     planners = tuple(args.planners.split(","))
+    granularities = tuple(args.granularities.split(","))
+    if args.plot_only:
+        rows = [row for name in args.plot_only for row in json.loads(Path(name).read_text())["rows"]]
+        plot(rows, PLANNERS, HERE / "search_time.png")
+        return
     sweeps = ("ops", "devices") if args.sweep == "both" else (args.sweep,)
     for sweep in sweeps:
         SWEEPS[sweep] = [(model, layers, devices) for model, layers, devices in SWEEPS[sweep]
@@ -211,11 +239,11 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as folder:
         for sweep in sweeps:
-            rows += run_sweep(sweep, planners, args.rounds, args.limit, Path(folder))
+            rows += run_sweep(sweep, planners, granularities, args.rounds, args.limit, Path(folder))
     Path(args.out).write_text(json.dumps({"batch": BATCH, "cluster": "summit", "costs": "analytic v100-16gb",
                                           "rounds": args.rounds, "limit_s": args.limit,
                                           "machine": platform.platform(), "rows": rows}, indent=1) + "\n")
-    plot(rows, planners, Path(args.out).with_name("search_time.png"))
+    plot(rows, planners, Path(args.out).with_name(Path(args.out).stem.replace("results", "search_time") + ".png"))
     print(table(rows, planners, args.limit))
 
 

@@ -262,9 +262,13 @@ def _sdpa(op: OpNode, shapes: Sequence[Sequence[int]]) -> OpWork:
 
 
 def _embedding(op: OpNode, shapes: Sequence[Sequence[int]]) -> OpWork:
-    """Gathers of rows: memory bound; an EmbeddingBag also sums each bag (one add per element)."""
+    """Gathers of rows: memory bound; an EmbeddingBag also sums each bag (one add per element).
+
+    The indices are the module's (and `F.embedding`'s) first input, but the second of an exported
+    `aten.embedding(weight, indices)`: read as the first, the table itself would count as indices."""
     dim = int(op.attrs.get("embedding_dim", op.outputs[0].shape[-1] if op.outputs else 1))
-    num_indices = _numel(shapes[0]) if shapes else _output_numel(op) // max(dim, 1)
+    indices = shapes[1] if op.target.startswith("aten.") and len(shapes) > 1 else (shapes[0] if shapes else None)
+    num_indices = _numel(indices) if indices is not None else _output_numel(op) // max(dim, 1)
     ebytes = _elem_bytes(op)
     gathered = float(num_indices * dim * ebytes)
     index_bytes = float(num_indices * INDEX_DTYPE_BYTES)

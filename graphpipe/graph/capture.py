@@ -26,7 +26,6 @@ import torch.fx._pytree as fx_pytree
 import torch.utils._pytree as pytree
 from torch import nn
 
-from graphpipe.empty_weights import has_meta_tensors
 from graphpipe.errors import GraphCaptureError
 from graphpipe.graph.export_trace import export_module
 from graphpipe.graph.meta_state import all_on_meta
@@ -37,6 +36,7 @@ from graphpipe.graph.prune import prune_graph
 from graphpipe.graph.replication import mark_replicated
 from graphpipe.graph.shape_record import NodeValues, record_values
 from graphpipe.graph.tracer import DEFAULT_LEAF_TYPES, trace_module
+from graphpipe.meta_weights import has_meta_tensors
 from graphpipe.model_inputs import ModelInputs, as_model_inputs
 
 __all__ = ["CAPTURE_METHODS", "DEFAULT_LEAF_TYPES", "CapturedModule", "capture", "capture_module", "trace_module"]

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from graphpipe.empty_weights import empty_weights
 from graphpipe.errors import ModelLoadError
+from graphpipe.meta_weights import empty_weights
 from graphpipe.models.user_factory import is_file_spec, load_user_model
 from graphpipe.models.zoo_model import ExampleData, ZooModel, to_device
 

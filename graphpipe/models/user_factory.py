@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphpipe.empty_weights import empty_weights
 from graphpipe.errors import GraphCaptureError, ModelLoadError
+from graphpipe.meta_weights import empty_weights
 from graphpipe.model_inputs import ModelInputs, as_model_inputs
 from graphpipe.models.zoo_model import ZooModel, to_device
 

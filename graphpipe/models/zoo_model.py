@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from graphpipe.empty_weights import has_meta_tensors
+from graphpipe.meta_weights import has_meta_tensors
 from graphpipe.model_inputs import ModelInputs, as_model_inputs
 
 

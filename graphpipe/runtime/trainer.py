@@ -19,11 +19,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from graphpipe.empty_weights import has_meta_tensors
 from graphpipe.errors import GraphCaptureError, ScheduleError, TrainingError
 from graphpipe.graph.capture import CapturedModule, capture_module
 from graphpipe.graph.prune import prune_graph
 from graphpipe.graph.tracer import trace_module
+from graphpipe.meta_weights import has_meta_tensors
 from graphpipe.runtime.batch_norm import prepare_batch_norm
 from graphpipe.runtime.checkpoint import load_stage, save_stage
 from graphpipe.runtime.comm import DistTransport, Transport

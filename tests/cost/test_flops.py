@@ -92,3 +92,28 @@ def test_lstm_counts_four_gate_gemms_per_token_and_layer() -> None:
                        "input_shapes": [[4, 5, 8]]})
     tokens = 4 * 5
     assert op_work(op).matmul_flops == 2 * tokens * 4 * 16 * ((8 + 16) + (16 + 16))
+
+
+def test_an_exported_embedding_costs_its_indices_not_its_table() -> None:
+    """torch.export records `aten.embedding(weight, indices)`, weight first: the work is the same gather as the
+    module's, not a gather of the whole table per element."""
+    import torch
+    from torch import nn
+
+    from graphpipe.graph.capture import capture
+
+    class Lookup(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table, self.bag = nn.Embedding(1000, 16), nn.EmbeddingBag(1000, 16, mode="sum")
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return self.table(x).sum(1) + self.bag(y)
+
+    inputs = (torch.randint(0, 1000, (8, 5)), torch.randint(0, 1000, (8, 3)))
+    work = {}
+    for method in ("fx", "export"):
+        graph = capture(Lookup(), inputs, capture=method)
+        work[method] = sorted(op_work(op).act_traffic_bytes for op in graph.ops
+                              if "mbed" in (op.module_type or op.target))
+    assert len(work["export"]) == 2 and work["export"] == pytest.approx(work["fx"], rel=0.1)

@@ -10,8 +10,8 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torch import nn
 
-from graphpipe.empty_weights import empty_weights, has_meta_tensors
 from graphpipe.errors import TrainingError
+from graphpipe.meta_weights import empty_weights, has_meta_tensors
 from graphpipe.runtime.materialize import materialize, module_seed
 from graphpipe.runtime.weights_file import WeightsFile
 from tests.corpus.models import TiedTowers

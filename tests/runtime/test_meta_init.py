@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from graphpipe.empty_weights import empty_weights
+from graphpipe.meta_weights import empty_weights
 from graphpipe.runtime.comm import InMemoryHub
 from graphpipe.runtime.materialize import materialize
 from graphpipe.runtime.trainer import PipelineTrainer

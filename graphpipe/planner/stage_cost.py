@@ -50,6 +50,7 @@ class CostModel:
         self.global_batch_size = global_batch_size
         self.link = p2p_link(cluster)
         self._at: dict[tuple[str, float], tuple[float, float, float]] = {}
+        self._by_batch: dict[float, dict[str, tuple[float, float, float]]] = {}
         ref = max(costs.micro_batch_sizes, default=1)
         self.out_bytes_per_sample: dict[str, float] = {}
         self.param_bytes: dict[str, int] = {}
@@ -71,6 +72,14 @@ class CostModel:
             hit = self._at[key] = (cost.fwd_ms, cost.bwd_ms, float(cost.act_bytes))
         return hit
 
+    def ops_at(self, batch: float) -> dict[str, tuple[float, float, float]]:
+        """`op_at` of every op on `batch` samples, as one dict: the loops over a stage's ops read it without
+        building a key per op (a merge stage of a large model sums thousands of ops, thousands of times)."""
+        table = self._by_batch.get(batch)
+        if table is None:
+            table = self._by_batch[batch] = {op: self.op_at(op, batch) for op in self.graph.names}
+        return table
+
     def all_reduce_ms(self, grad_bytes: float, num_devices: int) -> float:
         return ring_all_reduce_ms(all_reduce_link(self.cluster, num_devices), grad_bytes, num_devices)
 
@@ -88,15 +97,20 @@ class CostModel:
         """(messages, bytes per sample) of the tensors received and sent."""
         return len(recv) + len(send), sum(self.out_bytes_per_sample[op] for op in recv | send)
 
-    def stage_cost(self, ops: Iterable[str], num_devices: int, micro_batch_size: int) -> StageCost:
+    def stage_cost(self, ops: Iterable[str], num_devices: int, micro_batch_size: int,
+                   boundary: tuple[int, float] | None = None, params: int | None = None) -> StageCost:
+        """The stage of `ops` on `num_devices` devices; `boundary` (messages, bytes per sample) and `params`
+        (weight bytes) when the caller has them: they depend on neither the devices nor the micro-batch."""
         ops = tuple(ops)
         per_device = micro_batch_size / num_devices
+        at = self.ops_at(per_device)
         fwd = bwd = act = 0.0
         for op in ops:
-            f, b, a = self.op_at(op, per_device)
+            f, b, a = at[op]
             fwd, bwd, act = fwd + f, bwd + b, act + a
-        params = sum(self.param_bytes[op] for op in ops)
-        messages, bytes_per_sample = self.boundary(ops)
+        if params is None:
+            params = sum(self.param_bytes[op] for op in ops)
+        messages, bytes_per_sample = self.boundary(ops) if boundary is None else boundary
         comm = p2p_ms(self.link, messages, bytes_per_sample * per_device)
         reduce_ms = self.all_reduce_ms(params, num_devices)
         tps = time_per_sample_ms(fwd + bwd, comm, reduce_ms, micro_batch_size, self.global_batch_size)

@@ -263,6 +263,7 @@ class SizeTables:
         key = (pinfo.index, join_ops, s0, s1, d1)
         cost = self._merge_costs.get(key)
         if cost is None:
-            cost = self._merge_costs[key] = self.model.stage_cost(pinfo.merge_ops(join_ops, s0, s1), d1,
-                                                                  self.micro_batch_size)
+            stage = pinfo.merge_stage(join_ops, s0, s1)
+            cost = self._merge_costs[key] = self.model.stage_cost(stage.ops, d1, self.micro_batch_size,
+                                                                  boundary=stage.boundary, params=stage.params)
         return cost

@@ -1,8 +1,9 @@
 """The paper benchmark's core on tiny models: the output holds every experiment, and graphpipe never loses.
 
 `benchmarks/paper/run.py --quick` runs the same experiments as the full benchmark on the tiny
-presets in seconds; this test runs it once and checks the results file, the plots and the
-invariant that a graph pipeline plan is never slower than the best sequential plan.
+presets in seconds; this test runs it once and checks the results file, the paper-regime
+mini-batch search, the plots and the invariant that a graph pipeline plan is never slower than
+the best sequential plan.
 """
 
 from __future__ import annotations
@@ -47,18 +48,50 @@ def runs_of(results: dict[str, Any], experiment: str) -> list[dict[str, Any]]:
 def test_every_experiment_and_planner_is_recorded(bench: ModuleType, results: tuple[dict[str, Any], Path]) -> None:
     data, _ = results
     setup = bench.QUICK
-    assert data["format"] == "graphpipe.paper-benchmark/1"
+    assert data["format"] == bench.FORMAT
     assert {r["experiment"] for r in data["runs"]} == set(bench.EXPERIMENTS)
-    scaling = runs_of(data, "scaling")
-    assert len(scaling) == len(setup.models) * len(setup.device_counts) * len(setup.planners)
-    for r in scaling:
+    for experiment in ("scaling", "paper_regime"):
+        runs = runs_of(data, experiment)
+        assert len(runs) == len(setup.models) * len(setup.device_counts) * len(setup.planners)
+        assert {r["granularity"] for r in runs} == {setup.granularity}
+    for r in runs_of(data, "scaling"):
         assert r["global_batch_size"] == setup.batch_per_device * r["num_devices"]
+    assert {r["granularity"] for r in runs_of(data, "op_level")} == {"op"}
+    assert {r["global_batch_size"] for r in runs_of(data, "batch")} == set(setup.sweep_batches)
     assert {r["planner"] for r in runs_of(data, "ablation")} == {"sequential", "parallel-only", "graphpipe"}
     assert {r["options"]["num_branches"] for r in runs_of(data, "branches")} == set(setup.branch_counts)
     sizes = {r["options"]["micro_batch"] for r in runs_of(data, "micro_batch")}
     assert sizes == {2**i for i in range(len(sizes))} and max(sizes) == setup.batch(setup.micro_batch_devices)
-    assert set(data["tables"]) == {*bench.TABLES, "costs"}
+    assert set(data["tables"]) == {*bench.TABLES, "regime", "costs"}
     assert all(table.count("\n") >= 3 for table in data["tables"].values())  # title, header, rule, rows
+
+
+def test_paper_regime_doubles_while_the_sequential_plan_fits(bench: ModuleType,
+                                                             results: tuple[dict[str, Any], Path]) -> None:
+    data, _ = results
+    setup = bench.QUICK
+    assert len(data["regimes"]) == len(setup.models) * len(setup.device_counts)
+    for found in data["regimes"]:
+        batches = [p["global_batch_size"] for p in found["probes"]]
+        assert batches[0] == setup.batch(found["num_devices"])
+        assert batches == [batches[0] * 2**i for i in range(len(batches))]
+        assert all(p["fits"] for p in found["probes"][:-1])
+        fitting = [p["global_batch_size"] for p in found["probes"] if p["fits"]]
+        assert found["global_batch_size"] == fitting[-1] <= setup.batch_cap
+        runs = [r for r in runs_of(data, "paper_regime")
+                if r["model"] == found["model"] and r["num_devices"] == found["num_devices"]]
+        assert {r["global_batch_size"] for r in runs} == {found["global_batch_size"]}
+    head = data["headline"]
+    assert {h["model"] for h in head["paper_regime"]} == {h["model"] for h in head["scaling"]} == set(setup.models)
+
+
+def test_headline_states_each_mini_batch(bench: ModuleType, results: tuple[dict[str, Any], Path]) -> None:
+    _, out = results
+    text = (out / "HEADLINE.md").read_text()
+    assert "Paper regime" in text and "Small regime" in text and "by construction" in text
+    assert " at 256 |" in text  # each ratio with the mini-batch it holds at
+    assert bench.rerender(out)  # --tables-only: the markdown again from results.json
+    assert (out / "HEADLINE.md").read_text() == text
 
 
 def test_successful_runs_are_consistent(results: tuple[dict[str, Any], Path]) -> None:
@@ -108,7 +141,7 @@ def test_speedup_is_over_the_best_sequential_plan(bench: ModuleType) -> None:
 def test_plots_are_written(bench: ModuleType, results: tuple[dict[str, Any], Path]) -> None:
     data, out = results
     expected = {f"throughput_{m}.png" for m in bench.QUICK.models} | {
-        "branch_sweep.png", "micro_batch_sweep.png", "ablation.png"}
+        "ratio_vs_mini_batch.png", "branch_sweep.png", "micro_batch_sweep.png", "ablation.png"}
     assert set(data["plots"]) == expected
     for name in expected:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -468,7 +468,7 @@ def plot_throughput(runs: Sequence[Run], model: str, title: str, setup: Setup, o
 def _print_progress(r: Run) -> None:
     outcome = (f"{r.samples_per_s:,.0f} samples/s, depth {r.depth}, mb {list(r.micro_batch_sizes)}"
                if r.ok else f"{r.status}: {r.reason[:100]}")
-    print(f"{r.model} {r.num_devices} dev batch {r.global_batch_size} {r.planner} ({r.costs}): {outcome} "
+    print(f"{r.model} {r.num_devices} dev batch {r.global_batch_size} {r.planner}: {outcome} "
           f"[{r.search_time_s:.1f} s]", flush=True)
 
 

@@ -144,8 +144,9 @@ def render_rows(rows: list[Row]) -> str:
             reason = r.gave_up if len(r.gave_up) <= REASON_WIDTH else r.gave_up[:REASON_WIDTH - 1] + "…"
             table.append((str(r.num_devices), str(r.global_batch_size), r.planner, "-", "-", f"gave up: {reason}",
                           "-", "-", f"{r.search_time_s:.2f}"))
-            if reason != r.gave_up and f"{r.planner}: {r.gave_up}" not in notes:
-                notes.append(f"{r.planner}: {r.gave_up}")
+            note = r.gave_up if r.gave_up.startswith(f"{r.planner}:") else f"{r.planner}: {r.gave_up}"
+            if reason != r.gave_up and note not in notes:
+                notes.append(note)
             continue
         table.append((str(r.num_devices), str(r.global_batch_size), r.planner, str(r.depth), r.micro_batch,
                       f"{r.samples_per_s:,.1f}", f"{r.speedup:.2f}x" if r.speedup else "-",

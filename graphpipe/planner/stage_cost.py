@@ -49,7 +49,6 @@ class CostModel:
         self.cluster = cluster
         self.global_batch_size = global_batch_size
         self.link = p2p_link(cluster)
-        self._at: dict[tuple[str, float], tuple[float, float, float]] = {}
         self._by_batch: dict[float, dict[str, tuple[float, float, float]]] = {}
         ref = max(costs.micro_batch_sizes, default=1)
         self.out_bytes_per_sample: dict[str, float] = {}
@@ -65,19 +64,18 @@ class CostModel:
 
     def op_at(self, op: str, batch: float) -> tuple[float, float, float]:
         """(fwd_ms, bwd_ms, act_bytes) of `op` on `batch` samples, cached."""
-        key = (op, batch)
-        hit = self._at.get(key)
-        if hit is None:
-            cost = self.costs.at(op, batch)
-            hit = self._at[key] = (cost.fwd_ms, cost.bwd_ms, float(cost.act_bytes))
-        return hit
+        return self.ops_at(batch)[op]
 
     def ops_at(self, batch: float) -> dict[str, tuple[float, float, float]]:
-        """`op_at` of every op on `batch` samples, as one dict: the loops over a stage's ops read it without
-        building a key per op (a merge stage of a large model sums thousands of ops, thousands of times)."""
+        """(fwd_ms, bwd_ms, act_bytes) of every op on `batch` samples, as one dict made once per batch: the
+        loops over a stage's ops read it without building a key per op (a merge stage of a large model sums
+        thousands of ops, thousands of times)."""
         table = self._by_batch.get(batch)
         if table is None:
-            table = self._by_batch[batch] = {op: self.op_at(op, batch) for op in self.graph.names}
+            table = self._by_batch[batch] = {}
+            for op in self.graph.names:
+                cost = self.costs.at(op, batch)
+                table[op] = (cost.fwd_ms, cost.bwd_ms, float(cost.act_bytes))
         return table
 
     def all_reduce_ms(self, grad_bytes: float, num_devices: int) -> float:

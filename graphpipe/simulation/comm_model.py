@@ -20,7 +20,8 @@ from collections import defaultdict
 from graphpipe.cost.cluster import Cluster
 from graphpipe.cost.formulas.communication import piece_ms, ring_all_reduce_ms
 from graphpipe.cost.formulas.sample_split import share_blocks
-from graphpipe.stages.stage_graph import Stage
+from graphpipe.stages.stage_cost import StageCost
+from graphpipe.stages.stage_graph import Plan, Stage
 
 ADAM_PASSES = 7  # bytes moved per parameter byte by one Adam step
 
@@ -51,6 +52,12 @@ def stage_all_reduce_ms(cluster: Cluster, plan_ranks: tuple[int, ...], stage_ran
     shared parameters over every rank of the plan (`graphpipe.runtime.shared_grads`)."""
     shared = all_reduce_ms(cluster, plan_ranks, shared_bytes) if shared_bytes else 0.0
     return all_reduce_ms(cluster, stage_ranks, local_bytes) + shared
+
+
+def plan_stage_all_reduce_ms(cluster: Cluster, plan: Plan, stage: int, cost: StageCost) -> float:
+    """`stage_all_reduce_ms` of stage `stage` of `plan`, as the engine runs it and the lower bound counts it."""
+    return stage_all_reduce_ms(cluster, tuple(range(plan.world_size)), plan.stages[stage].ranks,
+                               cost.data_parallel_bytes, cost.shared_reduce_bytes)
 
 
 def optimizer_step_ms(cluster: Cluster, param_bytes: int) -> float:

@@ -28,7 +28,7 @@ from graphpipe.schedule.action import Action, ActionKind
 from graphpipe.schedule.grid import format_grid
 from graphpipe.schedule.messages import message_samples
 from graphpipe.schedule.schedule import Schedule
-from graphpipe.simulation.comm_model import message_ms, optimizer_step_ms, stage_all_reduce_ms
+from graphpipe.simulation.comm_model import message_ms, optimizer_step_ms, plan_stage_all_reduce_ms
 from graphpipe.simulation.cores import CorePool, cores_are_shared
 from graphpipe.simulation.result import Event
 from graphpipe.stages.stage_cost import StageCost
@@ -172,8 +172,7 @@ def _compile(plan: Plan, stage: int, actions: tuple[Action, ...], cost: StageCos
 
 def _stream_kinds(plan: Plan, stage: int, cost: StageCost, cluster: Cluster) -> dict[ActionKind, tuple[float, str]]:
     """Duration and event kind of every kind that occupies the stage's stream; other kinds are refused."""
-    all_reduce_ms = stage_all_reduce_ms(cluster, tuple(range(plan.world_size)), plan.stages[stage].ranks,
-                                        cost.data_parallel_bytes, cost.shared_reduce_bytes)
+    all_reduce_ms = plan_stage_all_reduce_ms(cluster, plan, stage, cost)
     return {ActionKind.FORWARD: (cost.fwd_ms, _event_kind(ActionKind.FORWARD)),
             ActionKind.BACKWARD: (cost.bwd_ms, _event_kind(ActionKind.BACKWARD)),
             ActionKind.ALL_REDUCE: (all_reduce_ms, _event_kind(ActionKind.ALL_REDUCE)),

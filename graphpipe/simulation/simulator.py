@@ -16,7 +16,7 @@ from graphpipe.errors import ClusterError
 from graphpipe.schedule.generate import make_schedule
 from graphpipe.schedule.schedule import Schedule
 from graphpipe.schedule.validate import validate_schedule
-from graphpipe.simulation.comm_model import optimizer_step_ms, stage_all_reduce_ms
+from graphpipe.simulation.comm_model import optimizer_step_ms, plan_stage_all_reduce_ms
 from graphpipe.simulation.engine import Run, run_schedule
 from graphpipe.simulation.memory import peak_live_micro_batches, static_bytes
 from graphpipe.simulation.result import SimResult, Timeline
@@ -65,12 +65,8 @@ def iteration_lower_bound_s(plan: Plan, costs: CostTable, cluster: Cluster | Non
     is run), so a ranking can skip the plans whose bound is above the best iteration found."""
     cluster = cluster or _plan_cluster(plan)
     per_stage = stage_costs(plan, costs, cluster.device)
-    finish_ms = {}
-    for stage in plan.stages:
-        cost = per_stage[stage.idx]
-        reduce_ms = stage_all_reduce_ms(cluster, tuple(range(plan.world_size)), stage.ranks,
-                                        cost.data_parallel_bytes, cost.shared_reduce_bytes)
-        finish_ms[stage.idx] = reduce_ms + optimizer_step_ms(cluster, cost.param_bytes)
+    finish_ms = {idx: plan_stage_all_reduce_ms(cluster, plan, idx, cost) + optimizer_step_ms(cluster, cost.param_bytes)
+                 for idx, cost in per_stage.items()}
     fill, drain = _fill_ms(plan, per_stage), _drain_ms(plan, per_stage, finish_ms)
     return max(fill[idx] + _compute_ms(plan, per_stage, idx) + drain[idx] for idx in fill) / 1e3
 
@@ -78,7 +74,7 @@ def iteration_lower_bound_s(plan: Plan, costs: CostTable, cluster: Cluster | Non
 def _fill_ms(plan: Plan, per_stage: dict[int, StageCost]) -> dict[int, float]:
     """The longest chain of single forwards upstream of each stage."""
     fill: dict[int, float] = {}
-    for idx in _topological(plan):
+    for idx in sorted(per_stage):  # stage indices are topological: every edge goes to a higher one
         fill[idx] = max((fill[p] + per_stage[p].fwd_ms for p in plan.predecessors[idx]), default=0.0)
     return fill
 
@@ -87,23 +83,9 @@ def _drain_ms(plan: Plan, per_stage: dict[int, StageCost], finish_ms: dict[int, 
     """After a stage's last backward: its own all-reduce and step, or the longest chain of single backwards
     upstream, each followed by that stage's all-reduce and step, whichever is longer."""
     drain: dict[int, float] = {}
-    for idx in _topological(plan):
+    for idx in sorted(per_stage):
         drain[idx] = max([finish_ms[idx]] + [per_stage[p].bwd_ms + drain[p] for p in plan.predecessors[idx]])
     return drain
-
-
-def _topological(plan: Plan) -> list[int]:
-    order: list[int] = []
-    indegree = {stage.idx: len(plan.predecessors[stage.idx]) for stage in plan.stages}
-    ready = [idx for idx, degree in indegree.items() if degree == 0]
-    while ready:
-        idx = ready.pop()
-        order.append(idx)
-        for succ in plan.successors[idx]:
-            indegree[succ] -= 1
-            if indegree[succ] == 0:
-                ready.append(succ)
-    return order
 
 
 def _plan_cluster(plan: Plan) -> Cluster:

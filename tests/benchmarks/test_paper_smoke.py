@@ -8,30 +8,19 @@ the best sequential plan.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "paper" / "run.py"
-
-
-def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("paper_benchmark_run", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmarks.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    return load_script()
+    return load_script("paper/run.py", "paper_benchmark_run")
 
 
 @pytest.fixture(scope="module")

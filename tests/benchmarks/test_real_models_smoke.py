@@ -2,39 +2,28 @@
 
 `benchmarks/real_models/run.py --quick` captures Hugging Face models built from their config
 classes on the meta device, costs them analytically and plans them with every planner; this test
-runs it once into a temporary folder and checks the results file, the pictures, and that graphpipe
-is never slower than the best sequential plan.
+runs it once into a temporary folder and checks the results file and the pictures.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
+from tests.benchmarks.scripts import load_script
+
 pytest.importorskip("transformers")
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "real_models" / "run.py"
 PNG = b"\x89PNG\r\n\x1a\n"
-
-
-def load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("real_models_benchmark_run", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    return load_script()
+    return load_script("real_models/run.py", "real_models_benchmark_run")
 
 
 @pytest.fixture(scope="module")

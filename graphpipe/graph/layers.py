@@ -16,8 +16,13 @@ instance is a *layer candidate* when
 - it holds at least two units.
 
 The blocks are the innermost candidates (none of their submodules is one): the transformer layers
-of a stack of branches rather than the branches, BERT's `BertLayer` rather than its encoder, each
-branch MLP of DLRM or CANDLE-Uno.
+of a stack of branches rather than the branches, BERT's `BertLayer` rather than its encoder. A
+candidate that is a *plain stack* (every op ran in a submodule without submodules of its own, and
+more than one of them holds weights: an MLP written as a Sequential of Linear and ReLU) is a stack of
+layers rather than one: its blocks are its weighted modules, each with the weight-free ones after it
+(each Linear and its ReLU of DLRM's and CANDLE-Uno's branch MLPs). That is what a layer is in the
+layer graphs of PipeDream and Piper, and it keeps a branch cuttable between its layers: a whole branch
+MLP as one unit would forbid the stage boundaries inside a branch that balance a graph pipeline.
 
 When a block is valid. Its units must be a run of consecutive items of one chain of the op-level SP
 tree. Such a run is convex (every path between two of its ops stays in it), and contracting it makes
@@ -76,7 +81,14 @@ def layer_blocks(graph: OpGraph, units: StageUnits | None = None,
     candidates = {path for path in _repeated(types) if len(members.get(path, ())) >= 2 and children.get(path)}
     outer = {path.rsplit(".", pos)[0] for path in candidates for pos in range(1, path.count(".") + 1)}
     unit_of = {op: idx for idx, ops in enumerate(units.ops) for op in ops}
-    chosen = _valid_or_children(sorted(candidates - outer), tree, unit_of, members, children)
+    innermost = sorted(candidates - outer)
+    stacks = {path: layers for path in innermost
+              if (layers := _stack_layers(graph, units, path, members[path], children)) is not None}
+    chosen = _valid_or_children([path for path in innermost if path not in stacks], tree, unit_of, members,
+                                children)
+    stacked = {name: ids for layers in stacks.values() for name, ids in layers.items() if len(ids) >= 2}
+    members.update(stacked)
+    chosen += sorted(_aligned_runs(tree, unit_of, stacked))
     position = {key: idx for idx, key in enumerate(units.keys)}
     blocks = [_block(graph, units, path, types[path], members[path]) for path in chosen]
     return tuple(sorted(blocks, key=lambda block: position[block.keys[0]]))
@@ -94,6 +106,34 @@ def _valid_or_children(todo: list[str], tree: SPChain, unit_of: Mapping[str, int
         todo = sorted(child for path in todo if path not in aligned for child in children.get(path, ())
                       if len(members.get(child, ())) >= 2)
     return chosen
+
+
+def _stack_layers(graph: OpGraph, units: StageUnits, path: str, ids: Sequence[int],
+                  children: Mapping[str, set[str]]) -> dict[str, list[int]] | None:
+    """The layers of a plain stack, or None if `path` is not one. A plain stack (an MLP written as a
+    Sequential of Linear and activation modules) runs every op in a child module that has no submodules,
+    and more than one child holds weights. Its layers are its weighted children, each with the units of the
+    weight-free children after it (a Linear with its ReLU), named by the weighted child."""
+    child_of: dict[int, str] = {}
+    for idx in ids:
+        paths = [[scope for scope, _ in graph.op(op).module_stack] for op in units.ops[idx]
+                 if not graph.op(op).replicated]
+        inside = {stack[stack.index(path) + 1] if stack[-1] != path else None for stack in paths}
+        if len(inside) != 1 or None in inside:
+            return None  # ops of the module's own forward, or a unit spanning two children
+        child_of[idx] = str(inside.pop())
+    if any(children.get(child) for child in child_of.values()):
+        return None
+    weighted = {child_of[idx] for idx in ids if any(graph.op(op).params for op in units.ops[idx])}
+    if len(weighted) < 2:
+        return None
+    layers: dict[str, list[int]] = {}
+    current: str | None = None
+    for idx in sorted(ids):
+        if child_of[idx] in weighted:
+            current = child_of[idx]
+        layers.setdefault(current or child_of[idx], []).append(idx)
+    return layers
 
 
 def coarsen_units(graph: OpGraph, units: StageUnits, blocks: Sequence[LayerBlock]) -> StageUnits:

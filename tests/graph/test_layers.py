@@ -18,6 +18,7 @@ from graphpipe.models import load_model
 
 LAYER = "graphpipe.models.layers.TransformerLayer"
 SEQUENTIAL = "torch.nn.modules.container.Sequential"
+LINEAR = "torch.nn.modules.linear.Linear"
 
 
 def zoo_graph(name: str, method: str, **options: int) -> OpGraph:
@@ -73,12 +74,15 @@ def test_transformer_layer_blocks_are_exactly_its_layers(method: str) -> None:
 
 @pytest.mark.parametrize(("name", "prefix"), [("dlrm", "dense"), ("candle_uno", "branches")])
 @pytest.mark.parametrize("method", ["fx", "export"])
-def test_branch_mlps_are_blocks(name: str, prefix: str, method: str) -> None:
+def test_branch_mlps_are_cut_into_their_linear_layers(name: str, prefix: str, method: str) -> None:
+    """A branch MLP is a plain stack: each Linear with the ReLU after it is one block."""
     graph = zoo_graph(name, method)
     blocks = layer_blocks(graph)
-    assert [block.path for block in blocks] == [f"{prefix}.{k}" for k in range(7)]
-    assert {block.module_type for block in blocks} == {SEQUENTIAL}
-    check_blocks_are_modules(graph, blocks)
+    assert [block.path for block in blocks] == [f"{prefix}.{b}.{2 * k}" for b in range(7) for k in range(4)]
+    assert {block.module_type for block in blocks} == {LINEAR}
+    for block in blocks:
+        relu = block.path[:-1] + str(int(block.path[-1]) + 1)
+        assert computing(graph, block) == in_module(graph, block.path) | in_module(graph, relu)
 
 
 def test_bert_blocks_are_its_encoder_layers() -> None:

@@ -15,8 +15,9 @@ safety net; the budgets decide.
 
 Speed (`best[I][m][c]`: the smallest bottleneck TPS of the units after downset I on at most m
 devices in a chain of min(stages, K) = c stages, K = min(devices, B / b)): the downsets are bitsets,
-stage costs are totals per downset (`piper_costs`), and each upper downset J pushes its final table
-into all of its sub-downsets I in one numpy operation per degree. Pruning keeps the optimum exact:
+stage costs are totals per downset (`piper_costs`), priced for all the stages of one level of
+downsets (one size) at once per degree, and each upper downset J pushes its final table into all of
+its sub-downsets I in one numpy operation per degree. Pruning keeps the optimum exact:
 the optimum restricted to the prefixes of the topological order (a subset of Piper's space) bounds
 it from above, so stages and table entries slower than that bound are skipped; only the rows of
 J's table that improve on one device fewer are pushed, and each table is made non-increasing in m
@@ -25,13 +26,14 @@ before it is used, which restores the rows skipped.
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import numpy as np
 
 from graphpipe.errors import PlanningError
 from graphpipe.planner.baselines.downsets import WORD, Downsets, find_downsets, num_words
-from graphpipe.planner.baselines.piper_costs import Boundary, PairTraffic, StageTables, above, below, boundary
+from graphpipe.planner.baselines.piper_costs import Boundary, StageTables, above, below, boundary, concat_traffic
 from graphpipe.planner.request import PlanRequest
 from graphpipe.planner.sp_dp import divisors_up_to
 from graphpipe.planner.stage_spec import Partition, StageSpec
@@ -43,14 +45,24 @@ BOUND_SLACK = 1e-9  # the bound's stages, summed over other downsets, may cost a
 
 
 class Search:
-    """One Piper search space: downsets, the traffic of every stage J \\ I, and a deadline."""
+    """One Piper search space: downsets, the traffic of every stage J \\ I, and a deadline.
+
+    The stages are kept in one array, those of each upper downset J contiguous (`offsets`), and the
+    uppers are grouped by size (`levels`): downsets of one size are never inside each other, so the DP
+    prices a whole level's stages in one numpy operation per degree."""
 
     def __init__(self, request: PlanRequest, downsets: Downsets, edges: Boundary, deadline: float) -> None:
         self.request = request
         self.downsets = downsets
         self.edges = edges
         self.deadline = deadline
-        self.traffic = [below(downsets, edges, upper) for upper in range(len(downsets))]
+        parts = [below(downsets, edges, upper) for upper in range(len(downsets))]
+        self.pairs = concat_traffic(parts)
+        self.offsets = np.cumsum([0] + [len(part.lowers) for part in parts])
+        sizes = downsets.members.sum(axis=1)
+        starts = np.flatnonzero(np.diff(sizes)) + 1
+        bounds = np.concatenate([[0], starts, [len(downsets)]])
+        self.levels = [(int(lo), int(hi)) for lo, hi in itertools.pairwise(bounds)]
 
     def check_clock(self) -> None:
         if time.perf_counter() > self.deadline:
@@ -101,10 +113,17 @@ def solve(search: Search, size: int, bound: float) -> tuple[float, list[StageSpe
     tables = StageTables(request, search.downsets, size, degrees)
     best = np.full((len(search.downsets), num_devices + 1, max_stages + 1), np.inf)
     best[0, :, 0] = 0.0  # id 0 holds every unit: nothing left to stage
-    for upper in range(len(search.downsets)):
+    offsets = search.offsets
+    for start, stop in search.levels:
         search.check_clock()
-        np.minimum.accumulate(best[upper], axis=0, out=best[upper])
-        push(best, tables, search.traffic[upper], upper, degrees, bound)
+        first = offsets[start]
+        level = search.pairs.part(first, offsets[stop])
+        stages = {degree: tables.stage(level, degree, max_stages) for degree in degrees}
+        for upper in range(start, stop):
+            np.minimum.accumulate(best[upper], axis=0, out=best[upper])
+            mine = slice(offsets[upper] - first, offsets[upper + 1] - first)
+            mine_stages = {degree: (tps[mine], k_max[mine]) for degree, (tps, k_max) in stages.items()}
+            push(best, level.lowers[mine], mine_stages, upper, bound)
     ends = best[len(search.downsets) - 1, num_devices]
     value = float(ends.min())
     if not np.isfinite(value):
@@ -113,13 +132,14 @@ def solve(search: Search, size: int, bound: float) -> tuple[float, list[StageSpe
     return value, trace(search, tables, best, degrees, fewest)
 
 
-def push(best: np.ndarray, tables: StageTables, traffic: PairTraffic, upper: int, degrees: tuple[int, ...],
+def push(best: np.ndarray, lowers: np.ndarray, stages: dict[int, tuple[np.ndarray, np.ndarray]], upper: int,
          bound: float) -> None:
-    """Relax every stage upper \\ I (I a sub-downset) with each degree: best[I] from best[upper]."""
+    """Relax every stage upper \\ I (I in `lowers`, the sub-downsets of `upper`) with each degree: best[I]
+    from best[upper]. `stages[degree]`: each stage's TPS and most micro-batches in flight."""
     table = best[upper]
     num_devices, max_stages = table.shape[0] - 1, table.shape[1] - 1
     useful = table <= bound
-    if not useful.any() or not len(traffic.lowers):
+    if not useful.any() or not len(lowers):
         return
     rows_ok = np.flatnonzero(useful.any(axis=1))
     cols_ok = np.flatnonzero(useful.any(axis=0))
@@ -131,19 +151,18 @@ def push(best: np.ndarray, tables: StageTables, traffic: PairTraffic, upper: int
     drops = np.flatnonzero(np.any(rest[first + 1:] < rest[first:-1], axis=1)) + first + 1
     rows = np.concatenate([[first], drops])
     columns = np.arange(low_col, high_col + 1)
-    for degree in degrees:
+    for degree, (tps, k_max) in stages.items():
         rows = rows[rows + degree <= num_devices]
         if not len(rows):
             return
-        tps, k_max = tables.stage(traffic, degree, max_stages)
         keep = np.flatnonzero((tps <= bound) & (k_max >= low_col))
         if not len(keep):
             continue
         cand = np.maximum(rest[rows][None, :, :], tps[keep, None, None])
         cand[np.broadcast_to((columns[None, :] > k_max[keep, None])[:, None, :], cand.shape)] = np.inf
-        lowers = traffic.lowers[keep][:, None]
-        target = best[lowers, rows[None, :] + degree, low_col: high_col + 1]
-        best[lowers, rows[None, :] + degree, low_col: high_col + 1] = np.minimum(target, cand)
+        targets = lowers[keep][:, None]
+        current = best[targets, rows[None, :] + degree, low_col: high_col + 1]
+        best[targets, rows[None, :] + degree, low_col: high_col + 1] = np.minimum(current, cand)
 
 
 def trace(search: Search, tables: StageTables, best: np.ndarray, degrees: tuple[int, ...],

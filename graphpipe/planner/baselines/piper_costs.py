@@ -68,6 +68,16 @@ class PairTraffic:
     messages: np.ndarray  # (pairs,) float
     bytes_per_sample: np.ndarray  # (pairs,)
 
+    def part(self, start: int, stop: int) -> PairTraffic:
+        """The pairs start..stop-1."""
+        return PairTraffic(self.uppers[start:stop], self.lowers[start:stop], self.messages[start:stop],
+                           self.bytes_per_sample[start:stop])
+
+
+def concat_traffic(parts: list[PairTraffic]) -> PairTraffic:
+    return PairTraffic(*(np.concatenate([getattr(part, name) for part in parts]) if parts else np.zeros(0)
+                         for name in ("uppers", "lowers", "messages", "bytes_per_sample")))
+
 
 def traffic(downsets: Downsets, edges: Boundary, uppers: np.ndarray, lowers: np.ndarray) -> PairTraffic:
     """The traffic of the stages uppers[i] \\ lowers[i]. Each row's sums run in the same order whatever the

@@ -12,9 +12,12 @@ import pytest
 from graphpipe.cli.main import main
 from graphpipe.cost.formulas.memory import max_in_flight_micro_batches
 from graphpipe.errors import PlanningError
+from graphpipe.graph.capture import capture
 from graphpipe.graph.op_graph import OpGraph
+from graphpipe.models import load_model
 from graphpipe.planner.api import make_request, plan_candidates
-from graphpipe.planner.baselines.piper import plan_piper
+from graphpipe.planner.baselines.downsets import find_downsets
+from graphpipe.planner.baselines.piper import DEFAULT_MAX_DOWNSETS, DEFAULT_MAX_EXPLORED, plan_piper
 from graphpipe.planner.options import PlanOptions
 from graphpipe.planner.request import PlanRequest
 from graphpipe.planner.sp_dp import divisors_up_to
@@ -134,3 +137,25 @@ def test_budgets_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> None
     assert "no strategy within 3 downsets" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main([*args, "--time-limit", "0"])
+
+
+@pytest.mark.parametrize(("model", "count"), [("candle_uno", r"78,132 downsets"),
+                                              ("dlrm", r"at least [\d,]+ downsets \(counting stopped past 200,000\)")])
+def test_gives_up_on_the_paper_models_at_layer_granularity(model: str, count: str) -> None:
+    """The paper's reason: each branch MLP is a stack of Linear layers, so the branches' layer prefixes
+    multiply (5^7 = 78,125 for seven branches of four layers), past the original's budgets."""
+    graph = paper_graph(model)
+    with pytest.raises(PlanningError, match=rf"has {count}"):
+        plan_candidates(graph, make_costs(graph), make_cluster(8), 64, planner="piper", granularity="layer")
+
+
+def test_mmt_layer_graph_is_within_the_budget() -> None:
+    graph = paper_graph("mmt")
+    request = make_request(graph, make_costs(graph), make_cluster(8), 64, planner="piper", granularity="layer")
+    assert len(find_downsets(request.units, max_downsets=DEFAULT_MAX_DOWNSETS, max_explored=DEFAULT_MAX_EXPLORED,
+                             deadline=math.inf, graph_name="mmt")) == 6_566
+
+
+def paper_graph(model: str) -> OpGraph:
+    zoo = load_model(model, "paper", device="meta")
+    return capture(zoo.model, zoo.inputs, name=model)

@@ -31,14 +31,21 @@ import numpy as np
 from graphpipe.errors import PlanningError
 from graphpipe.planner.baselines.antichains import AntichainDag, AntichainLimitError, antichain_dag
 from graphpipe.planner.baselines.pipedream_dp import chain, dp_pass
-from graphpipe.planner.baselines.pipedream_tables import StagePairs, StateSums, stage_costs, stage_pairs
+from graphpipe.planner.baselines.pipedream_tables import (
+    PairLimitError,
+    StagePairs,
+    StateSums,
+    stage_costs,
+    stage_pairs,
+)
 from graphpipe.planner.request import PlanRequest
 from graphpipe.planner.sp_dp import divisors_up_to
 from graphpipe.planner.stage_spec import Partition, StageSpec
 
 DEFAULT_TIME_LIMIT_S = 600.0
 MAX_STATES = 100_000  # past this the O(S²) pairs outlast any time limit
-MAX_TABLE_CELLS = 1 << 27  # best and choice: 2 GiB
+MAX_PAIRS = 20_000_000  # stages J \ I: their tables take about 100 bytes each, per degree and micro-batch size
+MAX_TABLE_CELLS = 1 << 27  # the table: 1 GiB
 
 
 def plan_pipedream(request: PlanRequest) -> list[Partition]:
@@ -54,7 +61,15 @@ def plan_pipedream(request: PlanRequest) -> list[Partition]:
             f"{request.graph.name!r} ({len(request.units.keys)} units) grows exponentially with its width: plan at "
             "layer granularity (--granularity layer) or use planner 'graphpipe'") from None
     check = _deadline_check(request, dag, deadline, limit_s)
-    pairs = stage_pairs(dag, request.model, request.units, check)
+    try:
+        pairs = stage_pairs(dag, request.model, request.units, check, MAX_PAIRS)
+    except PairLimitError as stop:
+        raise PlanningError(
+            f"pipedream: gave up after {time.perf_counter() - start:.1f} s: the antichain DAG of graph "
+            f"{request.graph.name!r} ({dag.num_units} units) has {len(dag.states):,} states and more than "
+            f"{MAX_PAIRS:,} stages between them (at least {stop.num_pairs:,}, from {stop.done:,} of its states); "
+            "the DP prices every stage, and their number grows with the square of the states: plan at layer "
+            "granularity (--granularity layer) or use planner 'graphpipe'") from None
     sums = StateSums(dag, request.model, request.units)
     found = []
     for size in request.micro_batch_sizes:
@@ -98,7 +113,7 @@ def _solve(request: PlanRequest, dag: AntichainDag, pairs: StagePairs, sums: Sta
     if not np.isfinite(tables.answer()[0]):
         return None
     return [StageSpec(ops=_ops(request, units), num_devices=degree, micro_batch_size=size)
-            for units, degree in chain(tables, dag.states, request.num_devices)]
+            for units, degree in chain(tables, pairs, costs, dag.states, request.num_devices)]
 
 
 def _prefix_pairs(dag: AntichainDag, pairs: StagePairs) -> np.ndarray:

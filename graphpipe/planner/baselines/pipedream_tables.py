@@ -50,8 +50,19 @@ def state_words(dag: AntichainDag) -> np.ndarray:
     return np.array([[state >> (WORD * w) & low for w in range(num_words)] for state in dag.states], dtype=np.uint64)
 
 
-def stage_pairs(dag: AntichainDag, model: CostModel, units: StageUnits, check: Callable[[int], None]) -> StagePairs:
-    """Every I ⊂ J with the tensors crossing J \\ I; `check(i)` runs before each lower state (the deadline)."""
+class PairLimitError(Exception):
+    """More stages (pairs of states) than `max_pairs`, found by the time `done` lower states were read."""
+
+    def __init__(self, num_pairs: int, done: int) -> None:
+        super().__init__(f"{num_pairs} pairs after {done} states")
+        self.num_pairs = num_pairs
+        self.done = done
+
+
+def stage_pairs(dag: AntichainDag, model: CostModel, units: StageUnits, check: Callable[[int], None],
+                max_pairs: int) -> StagePairs:
+    """Every I ⊂ J with the tensors crossing J \\ I; `check(i)` runs before each lower state (the deadline).
+    Past `max_pairs` pairs, PairLimitError."""
     words = state_words(dag)
     sizes = np.array([state.bit_count() for state in dag.states])
     first_of_size = {int(size): int(idx) for idx, size in reversed(list(enumerate(sizes)))}
@@ -66,6 +77,8 @@ def stage_pairs(dag: AntichainDag, model: CostModel, units: StageUnits, check: C
         messages.append(count)
         num_bytes.append(total)
         offsets.append(offsets[-1] + len(found))
+        if offsets[-1] > max_pairs:
+            raise PairLimitError(offsets[-1], i + 1)
     counts = np.diff(offsets)
     return StagePairs(offsets=np.array(offsets, dtype=np.int64),
                       lowers=np.repeat(np.arange(len(counts), dtype=np.int32), counts), uppers=np.concatenate(uppers),

@@ -13,6 +13,7 @@ from graphpipe.cost.formulas.memory import max_in_flight_micro_batches
 from graphpipe.errors import PlanningError
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.planner.api import make_request, plan_candidates
+from graphpipe.planner.baselines import pipedream
 from graphpipe.planner.baselines.antichains import AntichainLimitError, antichain_dag
 from graphpipe.planner.request import PlanRequest
 from graphpipe.planner.sp_dp import TOLERANCE, divisors_up_to
@@ -122,3 +123,11 @@ def test_pipedream_gives_up_at_the_deadline_during_the_dp() -> None:
     with pytest.raises(PlanningError, match=r"gave up after 1e-09 s: the antichain DAG .* has \d+ states"):
         plan_candidates(graph, request.costs, request.cluster, 8, planner="pipedream", time_limit_s=1e-9)
     assert time.perf_counter() - start < 5
+
+
+def test_pipedream_gives_up_past_its_pair_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    graph = branches_graph(3, 3)  # 4^3 states of the branches, 3 more of the input and the join
+    monkeypatch.setattr(pipedream, "MAX_PAIRS", 100)
+    with pytest.raises(PlanningError, match=r"has 67 states and more than 100 stages between them \(at least "
+                                            r"\d+, from \d+ of its states\)"):
+        plan_candidates(graph, make_costs(graph), make_cluster(4), 4, planner="pipedream")

@@ -204,3 +204,32 @@ def test_a_module_called_twice_falls_back_to_op_level() -> None:
     # blocks.0's children are called twice too; its inner Mlp (two units per call) is no run either
     assert [block.path for block in blocks] == ["blocks.1"]
     check_blocks_are_modules(graph, blocks)
+
+
+class Stacks(nn.Module):
+    """Two plain stacks that open with a weight-free module, and two residual MLPs (not plain stacks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stacks = nn.ModuleList(nn.Sequential(nn.Dropout(0.0), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8),
+                                                  nn.ReLU()) for _ in range(2))
+        self.blocks = nn.ModuleList(Block() for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for stack in self.stacks:
+            x = stack(x)
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_a_plain_stack_is_cut_into_its_weighted_layers() -> None:
+    graph = capture(Stacks(), (torch.randn(4, 8),), capture="fx")
+    blocks = layer_blocks(graph)
+    # the leading Dropout is one unit on its own; a Block runs an add in its own forward, so it stays whole
+    assert [block.path for block in blocks] == ["stacks.0.1", "stacks.0.3", "stacks.1.1", "stacks.1.3",
+                                                "blocks.0", "blocks.1"]
+    assert computing(graph, blocks[0]) == in_module(graph, "stacks.0.1") | in_module(graph, "stacks.0.2")
+    check_blocks_are_modules(graph, blocks[4:])
+    coarse = layer_units(graph)
+    assert sorted(op for ops in coarse.ops for op in ops) == sorted(graph.names)

@@ -1,6 +1,6 @@
 """Reproduce the paper's evaluation (docs/method.md §6) on the simulated Summit cluster.
 
-    .venv/bin/python benchmarks/paper/run.py            # paper presets, about 12-20 minutes on 2 cores
+    .venv/bin/python benchmarks/paper/run.py            # paper presets, about 30 minutes on 2 cores
     .venv/bin/python benchmarks/paper/run.py --quick    # tiny presets, seconds, into a temporary folder
     .venv/bin/python benchmarks/paper/run.py --only paper_regime,batch   # a subset of the experiments
     .venv/bin/python benchmarks/paper/run.py --tables-only   # re-write TABLES.md, HEADLINE.md from results.json
@@ -539,9 +539,16 @@ def search_table(runs: Sequence[Run], setup: Setup) -> str:
             for p in setup.planners:
                 r = _find(group, planner=p)
                 cells.append("-" if r is None else f"{r.search_time_s:.2f}" + ("" if r.ok else " (gave up)"))
-            reasons = "; ".join(f"{r.planner}: {r.reason}" for r in group if not r.ok)
-            rows.append([regime, model, str(n), _batch_of(group), *cells, _short(reasons)])
+            reasons = "; ".join(f"{r.planner}: {_gist(r.planner, r.reason)}" for r in group if not r.ok)
+            rows.append([regime, model, str(n), _batch_of(group), *cells, reasons])
     return markdown(header, rows)
+
+
+def _gist(planner: str, reason: str) -> str:
+    """A give-up message up to its first clause (what was counted against which budget), without the planner's
+    own prefix."""
+    text = reason.removeprefix(f"{planner}: ").split(";")[0]
+    return _short(text, 140)
 
 
 def _short(text: str, limit: int = 160) -> str:
@@ -989,8 +996,18 @@ def write_reports(results: dict[str, Any], out_dir: Path) -> list[Path]:
 
 
 def rerender(out_dir: Path) -> list[Path]:
-    """Re-write `TABLES.md` and `HEADLINE.md` from an existing `results.json`, without rerunning anything."""
-    return write_reports(json.loads((out_dir / "results.json").read_text()), out_dir)
+    """Re-write `TABLES.md` and `HEADLINE.md` (and the tables stored in `results.json`) from an existing
+    `results.json`, without rerunning anything: the tables are rendered again from the stored runs (so a
+    change to how they are drawn applies); the cost table is kept."""
+    results = json.loads((out_dir / "results.json").read_text())
+    runs = [Run(**{**r, "micro_batch_sizes": tuple(r["micro_batch_sizes"])}) for r in results["runs"]]
+    setup = Setup(**{k: tuple(v) if isinstance(v, list) else v for k, v in results["setup"].items()})
+    results["tables"] = {**render_tables(runs, setup, results.get("regimes", [])),
+                         "costs": results.get("tables", {}).get("costs", "")}
+    from graphpipe.serde import write_json_atomic
+
+    write_json_atomic(out_dir / "results.json", results)
+    return [out_dir / "results.json", *write_reports(results, out_dir)]
 
 
 def tables_markdown(results: dict[str, Any]) -> str:
@@ -1067,8 +1084,13 @@ def _and(items: Sequence[str]) -> str:
 
 
 def _budget(setup: dict[str, Any], planner: str) -> str:
+    from graphpipe.planner.baselines.pipedream import MAX_PAIRS, MAX_STATES
+    from graphpipe.planner.baselines.piper import DEFAULT_MAX_EXPLORED
+
     limit = f"{setup.get('baseline_time_limit_s', 0):g} s per call"
-    return f"{setup.get('piper_max_downsets', 0):,} downsets, {limit}" if planner == "piper" else limit
+    if planner == "piper":
+        return f"{setup.get('piper_max_downsets', 0):,} downsets kept, {DEFAULT_MAX_EXPLORED:,} explored, {limit}"
+    return f"{MAX_STATES:,} antichain states, {MAX_PAIRS:,} stages between them, {limit}"
 
 
 def _on_the_clock(reason: str) -> bool:
@@ -1094,7 +1116,7 @@ def _headline_notes(results: dict[str, Any], n: int) -> list[str]:
             where = (f"{_and(lost['paper_regime'])} in both regimes" if lost["paper_regime"] == lost["scaling"] else
                      " and ".join(f"{_and(models)} in the {REGIMES[e]}" for e, models in lost.items() if models))
             notes.append(f"{PLANNER_NAMES.get(planner, planner)} gave up at {n} devices on {where} "
-                         f"(budget: {_budget(setup, planner)}; the reasons are in TABLES.md, search time).")
+                         f"(budgets: {_budget(setup, planner)}; what it counted is in TABLES.md, search time).")
     clock = [run for run in results.get("runs", []) if run.get("planner") in PLANNER_NAMES
              and run.get("status") == "gave_up" and _on_the_clock(run.get("reason", ""))]
     if clock:
@@ -1162,7 +1184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--models", default=None, help="models, comma separated (default: all three)")
     parser.add_argument("--baseline-time-limit", type=float, default=None, metavar="S",
-                        help="seconds per PipeDream or Piper call (default 15; their search budgets still apply)")
+                        help="seconds per PipeDream or Piper call (default 300; their search budgets still apply)")
     parser.add_argument("--tables-only", action="store_true",
                         help="re-write TABLES.md and HEADLINE.md from the existing results.json; runs nothing")
     args = parser.parse_args(argv)

@@ -19,6 +19,7 @@ import numpy as np
 
 from graphpipe.errors import PlanningError
 from graphpipe.graph.sp import StageUnits
+from graphpipe.planner.baselines.advice import smaller_graph_advice
 
 WORD = 64
 
@@ -73,7 +74,7 @@ def num_words(num_units: int) -> int:
 
 
 def find_downsets(units: StageUnits, *, max_downsets: int, max_explored: int, deadline: float,
-                       graph_name: str) -> Downsets:
+                  graph_name: str, granularity: str = "op") -> Downsets:
     """Every downset of `units` (Piper's budgets: the module docstring), largest first."""
     need = unit_pred_words(units)
     found = np.zeros((1, need.shape[1]), dtype=np.uint64)
@@ -84,19 +85,19 @@ def find_downsets(units: StageUnits, *, max_downsets: int, max_explored: int, de
         found = np.concatenate([found, grown])
         if len(found) >= max_explored or time.perf_counter() > deadline:
             raise PlanningError(give_up_message(graph_name, len(units.keys), len(found), max_downsets,
-                                                max_explored, complete=False))
+                                                max_explored, complete=False, granularity=granularity))
     if len(found) > max_downsets:
         raise PlanningError(give_up_message(graph_name, len(units.keys), len(found), max_downsets, max_explored,
-                                            complete=True))
+                                            complete=True, granularity=granularity))
     sizes = np.bitwise_count(found).sum(axis=1, dtype=np.int64)
     return Downsets(words=found[np.argsort(-sizes, kind="stable")], num_units=len(units.keys))
 
 
 def give_up_message(graph_name: str, num_units: int, count: int, max_downsets: int, max_explored: int, *,
-                    complete: bool) -> str:
+                    complete: bool, granularity: str = "op") -> str:
     found = (f"{count:,} downsets" if complete
              else f"at least {count:,} downsets (counting stopped past {max_explored:,})")
     return (f"piper: no strategy within {max_downsets} downsets: graph {graph_name!r} ({num_units} units) has "
             f"{found}; Piper's DP runs over every downset, and their number grows exponentially with the number "
             "of parallel branches. Raise --max-downsets / --max-explored (PlanOptions.max_downsets, max_explored), "
-            "plan at --granularity layer, or use planner 'graphpipe'")
+            f"or {smaller_graph_advice(granularity)}")

@@ -29,6 +29,7 @@ from collections.abc import Callable
 import numpy as np
 
 from graphpipe.errors import PlanningError
+from graphpipe.planner.baselines.advice import smaller_graph_advice
 from graphpipe.planner.baselines.antichains import AntichainDag, AntichainLimitError, antichain_dag
 from graphpipe.planner.baselines.pipedream_dp import chain, dp_pass
 from graphpipe.planner.baselines.pipedream_tables import (
@@ -58,8 +59,8 @@ def plan_pipedream(request: PlanRequest) -> list[Partition]:
         raise PlanningError(
             f"pipedream: gave up after {time.perf_counter() - start:.1f} s with {stop.num_states:,} antichain states "
             f"built (limits: {limit_s:g} s, {MAX_STATES:,} states); the antichain DAG of graph "
-            f"{request.graph.name!r} ({len(request.units.keys)} units) grows exponentially with its width: plan at "
-            "layer granularity (--granularity layer) or use planner 'graphpipe'") from None
+            f"{request.graph.name!r} ({len(request.units.keys)} units) grows exponentially with its width: "
+            f"{smaller_graph_advice(request.granularity)}") from None
     check = _deadline_check(request, dag, deadline, limit_s)
     try:
         pairs = stage_pairs(dag, request.model, request.units, check, MAX_PAIRS)
@@ -68,8 +69,8 @@ def plan_pipedream(request: PlanRequest) -> list[Partition]:
             f"pipedream: gave up after {time.perf_counter() - start:.1f} s: the antichain DAG of graph "
             f"{request.graph.name!r} ({dag.num_units} units) has {len(dag.states):,} states and more than "
             f"{MAX_PAIRS:,} stages between them (at least {stop.num_pairs:,}, from {stop.done:,} of its states); "
-            "the DP prices every stage, and their number grows with the square of the states: plan at layer "
-            "granularity (--granularity layer) or use planner 'graphpipe'") from None
+            "the DP prices every stage, and their number grows with the square of the states: "
+            f"{smaller_graph_advice(request.granularity)}") from None
     sums = StateSums(dag, request.model, request.units)
     found = []
     for size in request.micro_batch_sizes:
@@ -86,7 +87,7 @@ def _deadline_check(request: PlanRequest, dag: AntichainDag, deadline: float,
             raise PlanningError(
                 f"pipedream: gave up after {limit_s:g} s: the antichain DAG of graph {request.graph.name!r} "
                 f"({dag.num_units} units) has {len(dag.states):,} states and the DP had reached {done:,} of them; "
-                "plan at layer granularity (--granularity layer) or use planner 'graphpipe'")
+                f"raise --time-limit (PlanOptions.time_limit_s) or {smaller_graph_advice(request.granularity)}")
     return check
 
 
@@ -102,8 +103,8 @@ def _solve(request: PlanRequest, dag: AntichainDag, pairs: StagePairs, sums: Sta
     if np.prod(shape) > MAX_TABLE_CELLS:
         raise PlanningError(
             f"pipedream: gave up: its DP table of {shape[0]:,} antichain states x {shape[1]} device counts x "
-            f"{shape[2]} stage counts would need {np.prod(shape) * 16 / 2**30:.1f} GiB; plan at layer granularity "
-            "(--granularity layer), on fewer devices, or use planner 'graphpipe'")
+            f"{shape[2]} stage counts would need {np.prod(shape) * 8 / 2**30:.1f} GiB; plan on fewer devices or "
+            f"{smaller_graph_advice(request.granularity)}")
     levels = _levels(dag, pairs)
     fits = {degree: c.in_flight_cap >= 1 for degree, c in costs.items()}
     on_order = _prefix_pairs(dag, pairs)

@@ -80,7 +80,7 @@ def plan_piper(request: PlanRequest) -> list[Partition]:
     opts = request.options
     downsets = find_downsets(request.units, max_downsets=opts.max_downsets or DEFAULT_MAX_DOWNSETS,
                              max_explored=opts.max_explored or DEFAULT_MAX_EXPLORED, deadline=deadline,
-                             graph_name=request.graph.name)
+                             graph_name=request.graph.name, granularity=request.granularity)
     edges = boundary(request)
     search = Search(request, downsets, edges, deadline)
     prefixes = Search(request, prefix_downsets(len(request.units.keys)), edges, deadline)

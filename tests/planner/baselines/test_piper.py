@@ -145,7 +145,7 @@ def test_gives_up_on_the_paper_models_at_layer_granularity(model: str, count: st
     """The paper's reason: each branch MLP is a stack of Linear layers, so the branches' layer prefixes
     multiply (5^7 = 78,125 for seven branches of four layers), past the original's budgets."""
     graph = paper_graph(model)
-    with pytest.raises(PlanningError, match=rf"has {count}"):
+    with pytest.raises(PlanningError, match=rf"has {count}.* or use planner 'graphpipe', whose search grows"):
         plan_candidates(graph, make_costs(graph), make_cluster(8), 64, planner="piper", granularity="layer")
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,6 +15,7 @@ from graphpipe.graph.op_graph import OpGraph
 from graphpipe.planner.api import make_request, plan_candidates
 from graphpipe.planner.baselines.exhaustive import plan_exhaustive
 from graphpipe.planner.sp_dp import TOLERANCE, divisors_up_to, partition_sp
+from graphpipe.planner.sp_dp import search as search_module
 from graphpipe.planner.stage_spec import StageSpec
 from graphpipe.stages.stage_graph import Plan
 from graphpipe.stages.validate import validate_plan
@@ -125,3 +129,31 @@ def test_every_planner_returns_valid_plans(case: tuple[OpGraph, CostTable]) -> N
         for plan in plan_candidates(graph, costs, cluster, 4, planner=planner, micro_batch_sizes=(1, 2)):
             validate_plan(plan, graph, cluster)
             assert plan.planner == planner
+
+
+def test_every_size_frees_each_sizes_tables_before_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `every_size`, a size's search (its segment tables per degree) is gone when the next size starts,
+    so memory is that of the largest size, not of all of them; the plans are those of the deferred narrowing
+    (each size's narrowing reads only its own search)."""
+    graph = branches_graph(3, 4)
+    request = make_request(graph, make_costs(graph), make_cluster(8), 32, every_size=True)
+    alive: list[weakref.ref[search_module.Search]] = []
+    real_init = search_module.Search.__init__
+
+    def init(self: search_module.Search, *args: Any, **kwargs: Any) -> None:
+        gc.collect()
+        assert all(ref() is None for ref in alive), "an earlier size's search is still held"
+        real_init(self, *args, **kwargs)
+        alive.append(weakref.ref(self))
+
+    monkeypatch.setattr(search_module.Search, "__init__", init)
+    found = partition_sp(request.model, request.sp_tree, 8, request.micro_batch_sizes, request.memory_limit,
+                         every_size=True)
+    assert len(alive) >= 3 and len(found) >= 3
+    monkeypatch.undo()
+    tps_only = partition_sp(request.model, request.sp_tree, 8, request.micro_batch_sizes, request.memory_limit)
+    for size, plans in tps_only.items():
+        if size in found:
+            cost = request.model.stage_cost
+            assert max(cost(s.ops, s.num_devices, size).tps_ms for s in found[size][0]) <= \
+                max(cost(s.ops, s.num_devices, size).tps_ms for s in plans[0]) * (1 + TOLERANCE)

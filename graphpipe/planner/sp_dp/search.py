@@ -247,42 +247,68 @@ def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_
     shapes = Shapes(chains)
     memo = memo if memo is not None else ModelMemo.of(model)
     searches: dict[int, Search] = {}
+    finished: dict[int, list[list[StageSpec]]] = {}  # every_size: each size's plans, its tables already freed
+    coarse_hi: dict[int, float] = {}  # each size's bottleneck after the coarse search: what the pruning reads
     ratio = None
     for size in sorted(micro_batch_sizes, reverse=True):
-        search = Search(model, tree, num_devices, size, memory_limit, chains, pars, constants, shapes, memo)
-        bound = search.lower_bound_ms()
-        if searches and bound > min(s.hi for s in searches.values()) * COARSE_KEEP:
-            continue  # even a perfect plan at this size could not be among the best
-        if not search.may_fit():
+        searched = _coarse(Search(model, tree, num_devices, size, memory_limit, chains, pars, constants, shapes, memo),
+                           min(coarse_hi.values(), default=math.inf), ceiling_ms, ratio, tolerance)
+        if searched is None:
             continue
-        if ceiling_ms is not None:
-            if bound * (1 - TOLERANCE) > ceiling_ms:
-                continue  # no plan at this size has a bottleneck within the ceiling: skip the probe
-            if not search.attempt(ceiling_ms):  # a lone probe: `offers` builds for this target only
-                continue  # nothing at this size beats the ceiling
-            search.lo = bound * (1 - TOLERANCE)
-        elif not search.start(bound * ratio if ratio is not None else None):
-            continue
-        search.narrow(max(tolerance, COARSE_TOLERANCE), near_top=ratio is not None or ceiling_ms is not None)
-        searches[size] = search
+        search, bound = searched
+        coarse_hi[size] = search.hi
         ratio = search.hi / bound
-    if not searches:
-        return {}
-    return _narrowed(searches, tolerance, every_size)
+        if every_size:
+            finished[size] = _every_plan(search, tolerance)
+        else:
+            searches[size] = search
+        del search, searched  # with `every_size`, the next size builds its tables without this one's
+    if every_size:
+        return {size: finished[size] for size in sorted(finished)}
+    return _narrowed(searches, tolerance) if searches else {}
 
 
-def _narrowed(searches: dict[int, Search], tolerance: float, every_size: bool) -> dict[int, list[list[StageSpec]]]:
-    """Narrow, best first, the sizes that might hold the optimum (all of them with `every_size`, which also adds
-    each size's coarse plan and a looser probe's: see `partition_sp`)."""
-    coarse = {size: search.best for size, search in searches.items()}
+def _coarse(search: Search, best_hi: float, ceiling_ms: float | None, ratio: float | None,
+            tolerance: float) -> tuple[Search, float] | None:
+    """The size's search to COARSE_TOLERANCE and its lower bound, or None when the size is skipped: its lower
+    bound is more than COARSE_KEEP above `best_hi`, nothing fits, or no plan beats the ceiling (see
+    `partition_sp`). `ratio`: optimum / lower bound at the previous size, for the first guess."""
+    bound = search.lower_bound_ms()
+    if bound > best_hi * COARSE_KEEP:
+        return None  # even a perfect plan at this size could not be among the best
+    if not search.may_fit():
+        return None
+    if ceiling_ms is not None:
+        if bound * (1 - TOLERANCE) > ceiling_ms:
+            return None  # no plan at this size has a bottleneck within the ceiling: skip the probe
+        if not search.attempt(ceiling_ms):  # a lone probe: `offers` builds for this target only
+            return None  # nothing at this size beats the ceiling
+        search.lo = bound * (1 - TOLERANCE)
+    elif not search.start(bound * ratio if ratio is not None else None):
+        return None
+    search.narrow(max(tolerance, COARSE_TOLERANCE), near_top=ratio is not None or ceiling_ms is not None)
+    return search, bound
+
+
+def _every_plan(search: Search, tolerance: float) -> list[list[StageSpec]]:
+    """For `every_size`: the size narrowed to `tolerance`, then its coarse plan and a looser probe's (see
+    `partition_sp`). Done as soon as the size's coarse search ends, so that its tables (segment arrays per
+    degree, offers) are freed before the next size builds its own: the memory of the largest size, not of
+    all of them. Each size's narrowing reads only its own search, so the order changes no result."""
+    coarse = search.best
+    search.narrow(tolerance)
+    plans = [search.best]
+    looser = search.probe(search.hi * (1 + COARSE_TOLERANCE))
+    plans.extend(plan for plan in (coarse, looser) if plan is not None and plan not in plans)
+    return plans
+
+
+def _narrowed(searches: dict[int, Search], tolerance: float) -> dict[int, list[list[StageSpec]]]:
+    """Narrow, best first, the sizes that might hold the optimum (a size whose lower end is above the best
+    bottleneck found cannot)."""
     best = math.inf
     for search in sorted(searches.values(), key=lambda item: item.hi):
-        if search.lo < best or every_size:  # this size might still hold the optimum
+        if search.lo < best:
             search.narrow(tolerance)
             best = min(best, search.hi)
-    found = {size: [searches[size].best] for size in sorted(searches)}
-    if every_size:
-        for size, plans in found.items():
-            looser = searches[size].probe(searches[size].hi * (1 + COARSE_TOLERANCE))
-            plans.extend(plan for plan in (coarse[size], looser) if plan is not None and plan not in plans)
-    return found
+    return {size: [searches[size].best] for size in sorted(searches)}

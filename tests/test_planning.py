@@ -123,5 +123,5 @@ def test_use_all_devices_keeps_only_plans_that_use_every_device() -> None:
     full = plan(graph, costs, make_cluster(4), 2, use_all_devices=True)
     assert full.world_size == 4
     small = branches_graph(2, 2)
-    with pytest.raises(PlanningError, match="no graphpipe plan uses all 4 devices"):
-        plan(small, make_costs(small, overhead_ms=5.0), make_cluster(4), 2, use_all_devices=True)
+    with pytest.raises(PlanningError, match="no graphpipe plan uses all 8 devices"):
+        plan(small, make_costs(small, overhead_ms=5.0), make_cluster(8), 2, use_all_devices=True)

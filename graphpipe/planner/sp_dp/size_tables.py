@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -58,7 +58,10 @@ class SegmentOffers:
         key = (devices of the rest + d1) * unit + d1 * span + stop
 
     (`span` > any stop, `unit` > any d1 * span + stop), so one `<` compares all three and the winner is
-    read back with two `divmod`s (`need.write_segments`)."""
+    read back with two `divmod`s (`need.write_segments`).
+
+    `content` names the offers' content among the chains of one search (`OfferRegistry`): chains whose offers
+    are equal share it, and so share their DP rows."""
     low: float
     bound: float
     tps: list[float]
@@ -70,6 +73,35 @@ class SegmentOffers:
     offsets: list[int]
     span: int
     unit: int
+    content: int = field(default=-1, compare=False)
+
+    def fingerprint(self) -> int:
+        """A hash of everything the DP reads (equal offers have equal fingerprints)."""
+        return hash((self.low, self.bound, self.span, self.unit, tuple(self.tps), tuple(self.rooms),
+                     tuple(self.stops), tuple(self.k_maxes), tuple(self.until), tuple(self.keys), tuple(self.offsets)))
+
+
+class OfferRegistry:
+    """Names each distinct content of offers once (`SegmentOffers.content`): the chains of a block's identical
+    branches (one encoder per modality, one MLP per feature) get equal offers, and a probe solves the rows
+    of a content once for all of them (`Probe.chain`). Equality is checked field by field, not trusted to
+    the hash."""
+
+    def __init__(self) -> None:
+        self._by_hash: dict[int, list[SegmentOffers]] = {}
+        self._count = 0
+
+    def name(self, offers: SegmentOffers) -> SegmentOffers:
+        """`offers` with its `content` set: that of an equal registered one, else a new one."""
+        same = self._by_hash.setdefault(offers.fingerprint(), [])
+        for known in same:
+            if known == offers:
+                offers.content = known.content
+                return offers
+        offers.content = self._count
+        self._count += 1
+        same.append(offers)
+        return offers
 
 
 def dominance_cap(target_ms: float) -> float:

@@ -90,6 +90,7 @@ class ChainInfo:
         for idx in range(self.num_items - 1, -1, -1):
             is_par = isinstance(chain.items[idx], SPParallel)
             self.next_parallel[idx] = idx if is_par else self.next_parallel[idx + 1]
+        self.has_parallel = self.next_parallel[0] < self.num_items  # else the DP reads only its segment offers
         self._blocks: dict[int, Block | None] = {}
         self.param_array = np.array(prefix, dtype=float)
 

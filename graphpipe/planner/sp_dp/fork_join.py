@@ -179,7 +179,7 @@ class Shapes:
         end = fork.chain.num_items if fork.end is None else fork.end
         holds_join = rj is not None and rf == rj and (others != 0 or bool(rest))
         last = end - 1 if holds_join else end
-        return _Shape(fork, rest, others, end, last, (fork.chain.index, end, last))
+        return _Shape(fork, rest, others, end, last, (fork.chain.content, end, last))
 
 
 def _without(full: int, *positions: int | None) -> int:
@@ -386,7 +386,7 @@ class ForkJoinSolver:
 
         A degree is left out where a smaller one of the same segment holds as many micro-batches: it comes
         first and costs fewer devices at every cell the larger one reaches, so the larger never wins one."""
-        key = (info.index, last)
+        key = (info.content, last)
         hit = self.fork_memo.get(key)
         if hit is None:
             tables, target = self.tables, self.target

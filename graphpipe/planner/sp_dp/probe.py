@@ -59,9 +59,6 @@ from graphpipe.planner.sp_dp.tables import BlockKey, ChainInfo, ParInfo
 from graphpipe.planner.stage_spec import StageSpec
 
 
-ChainIdentity = tuple[Literal["chain", "offers"], int]
-
-
 class ProbeHost(Protocol):
     """What a probe reads of its search (`search.Search`): the size's tables, the tree's root chain, the
     fork/join shapes shared by the sizes, and the segment offers for a target."""
@@ -81,7 +78,7 @@ class Probe:
         self.tables = host.tables
         self.target = target_ms
         self.dominated = dominance_cap(target_ms)  # offers with `until` up to this are dominated
-        self.chain_memo: dict[tuple[ChainIdentity, int, int], ChainSol] = {}  # (`identity`, k_after, end)
+        self.chain_memo: dict[tuple[int, int, int], ChainSol] = {}  # (chain's content, k_after, end)
         self.par_memo: dict[tuple[int, int], ParSol] = {}  # (parallel block, k_after)
         self.blocks = ForkJoinSolver(self.tables, target_ms, host.shapes)
 
@@ -97,20 +94,11 @@ class Probe:
     def chain(self, info: ChainInfo, k_after: int, end: int | None = None) -> ChainSol:
         """The chain's items [0, end) (all by default), followed by something holding `k_after` micro-batches."""
         end = info.num_items if end is None else end
-        key = (self.identity(info), k_after, end)
+        key = (info.content, k_after, end)  # twins (`ChainTables.twin_of`) share their rows
         sol = self.chain_memo.get(key)
         if sol is None:
             sol = self.chain_memo[key] = self._solve_chain(info, k_after, end)
         return sol
-
-    def identity(self, info: ChainInfo) -> ChainIdentity:
-        """What a chain's rows depend on besides k_after and the end: for a chain without parallel items, its
-        offers' content (`SegmentOffers.content`), shared by identical branches, whose rows are then solved
-        once (the stages are rebuilt from each chain's own items: the choices name positions only); for
-        any other chain, the chain itself."""
-        if info.has_parallel:
-            return ("chain", info.index)
-        return ("offers", self.host.offers(info, self.target).content)
 
     def _solve_chain(self, info: ChainInfo, k_after: int, end: int) -> ChainSol:
         """Suffix need vectors from `end` back to item 0. Rows past `end` stay infeasible, so no segment,

@@ -25,7 +25,7 @@ from graphpipe.cost.formulas.memory import OPTIMIZER_STATE_FACTOR
 from graphpipe.graph.sp import SPChain
 from graphpipe.planner.sp_dp.fork_join import Shapes
 from graphpipe.planner.sp_dp.probe import Probe
-from graphpipe.planner.sp_dp.size_tables import ChainConstants, OfferRegistry, SegmentOffers, SizeTables
+from graphpipe.planner.sp_dp.size_tables import ChainConstants, SegmentOffers, SizeTables
 from graphpipe.planner.sp_dp.tables import ChainInfo, ChainTables, ParInfo, build_tables
 from graphpipe.planner.stage_cost import CostModel
 from graphpipe.planner.stage_spec import StageSpec
@@ -109,7 +109,6 @@ class Search:
         self.shapes = shapes if shapes is not None else Shapes(chains)
         self.memo = memo if memo is not None else ModelMemo.of(model)
         self._offers: dict[int, SegmentOffers] = {}
-        self._contents = OfferRegistry()
         self.best: list[StageSpec] = []
         self.lo = self.hi = 0.0
         self.window_top = 0.0  # the largest target the search expects to probe (`offers` builds up to it)
@@ -128,14 +127,12 @@ class Search:
 
         Built for a window of targets and reused while the targets stay in it: the binary search's
         interval once its lower end is known (`start`), which later probes never leave, else only this
-        target (a lone chain-ceiling probe); rebuilt when a target falls outside. The offers of a chain
-        without parallel items are all the DP reads of it, so they are named by content (`OfferRegistry`)."""
-        hit = self._offers.get(info.index)
+        target (a lone chain-ceiling probe); rebuilt when a target falls outside. Twins share them."""
+        hit = self._offers.get(info.content)
         if hit is None or not hit.low <= target_ms <= hit.bound:
             top = max(target_ms, self.hi, self.window_top)
             low, bound = (self.lo, top) if 0 < self.lo <= target_ms else (target_ms, target_ms)
-            hit = self.tables.build_offers(info, low, bound)
-            self._offers[info.index] = self._contents.name(hit) if not info.has_parallel else hit
+            hit = self._offers[info.content] = self.tables.build_offers(info, low, bound)
         return hit
 
     def probe(self, target_ms: float) -> list[StageSpec] | None:

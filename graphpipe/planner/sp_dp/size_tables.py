@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -58,10 +58,7 @@ class SegmentOffers:
         key = (devices of the rest + d1) * unit + d1 * span + stop
 
     (`span` > any stop, `unit` > any d1 * span + stop), so one `<` compares all three and the winner is
-    read back with two `divmod`s (`need.write_segments`).
-
-    `content` names the offers' content among the chains of one search (`OfferRegistry`): chains whose offers
-    are equal share it, and so share their DP rows."""
+    read back with two `divmod`s (`need.write_segments`)."""
     low: float
     bound: float
     tps: list[float]
@@ -73,35 +70,6 @@ class SegmentOffers:
     offsets: list[int]
     span: int
     unit: int
-    content: int = field(default=-1, compare=False)
-
-    def fingerprint(self) -> int:
-        """A hash of everything the DP reads (equal offers have equal fingerprints)."""
-        return hash((self.low, self.bound, self.span, self.unit, tuple(self.tps), tuple(self.rooms),
-                     tuple(self.stops), tuple(self.k_maxes), tuple(self.until), tuple(self.keys), tuple(self.offsets)))
-
-
-class OfferRegistry:
-    """Names each distinct content of offers once (`SegmentOffers.content`): the chains of a block's identical
-    branches (one encoder per modality, one MLP per feature) get equal offers, and a probe solves the rows
-    of a content once for all of them (`Probe.chain`). Equality is checked field by field, not trusted to
-    the hash."""
-
-    def __init__(self) -> None:
-        self._by_hash: dict[int, list[SegmentOffers]] = {}
-        self._count = 0
-
-    def name(self, offers: SegmentOffers) -> SegmentOffers:
-        """`offers` with its `content` set: that of an equal registered one, else a new one."""
-        same = self._by_hash.setdefault(offers.fingerprint(), [])
-        for known in same:
-            if known == offers:
-                offers.content = known.content
-                return offers
-        offers.content = self._count
-        self._count += 1
-        same.append(offers)
-        return offers
 
 
 def dominance_cap(target_ms: float) -> float:
@@ -158,7 +126,7 @@ class SizeTables:
         devices, by growing idx, while the weights and one micro-batch fit (so at least as far as the compute
         stays within `target_ms`). Compute never decreases along a row, so the segments within a target are
         the prefix `bisect_right(compute, target)`. Cut from `_table`'s arrays into plain lists once."""
-        key = (info.index, d1, start)
+        key = (info.content, d1, start)
         row = self._rows.get(key)
         if row is None:
             compute, tps, k_max, fits = self._table(info)
@@ -219,9 +187,9 @@ class SizeTables:
         return until
 
     def _table(self, info: ChainInfo) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        table = self._segments.get(info.index)
+        table = self._segments.get(info.content)
         if table is None:
-            table = self._segments[info.index] = self._segment_arrays(info)
+            table = self._segments[info.content] = self._segment_arrays(info)
         return table
 
     def _segment_arrays(self, info: ChainInfo) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -230,9 +198,9 @@ class SizeTables:
         `fits[d, i, j]`: j > i and every [i, j') with i < j' <= j holds its weights and one micro-batch.
         Computed in place where it can: the arrays of a long chain are large."""
         b = self.micro_batch_size
-        fixed = self.constants.get(info.index)
+        fixed = self.constants.get(info.content)
         if fixed is None:
-            fixed = self.constants[info.index] = ChainConstants(self, info)
+            fixed = self.constants[info.content] = ChainConstants(self, info)
         prefixes = [info.prefix_arrays(b / d1) for d1 in self.degrees]
         times = np.stack([times for times, _ in prefixes])[:, None, :]
         acts = np.stack([acts for _, acts in prefixes])[:, None, :]

@@ -74,7 +74,8 @@ class ChainInfo:
                  par_infos: Sequence[ParInfo | None] | None = None) -> None:
         self.model = model
         self.chain = chain
-        self.index = index  # in its `ChainTables`: the DP's memo key for the chain (-1: a chain on its own)
+        self.index = index  # in its `ChainTables` (-1: a chain on its own)
+        self.content = index  # the DP's memo key: the index of the first chain of identical content (`share_with`)
         self.par_infos = tuple(par_infos) if par_infos is not None else (None,) * len(chain.items)  # per item
         self.item_ops = tuple(item.ops for item in chain.items)
         self.num_items = len(self.item_ops)
@@ -90,9 +91,16 @@ class ChainInfo:
         for idx in range(self.num_items - 1, -1, -1):
             is_par = isinstance(chain.items[idx], SPParallel)
             self.next_parallel[idx] = idx if is_par else self.next_parallel[idx + 1]
-        self.has_parallel = self.next_parallel[0] < self.num_items  # else the DP reads only its segment offers
+        self.has_parallel = self.next_parallel[0] < self.num_items
         self._blocks: dict[int, Block | None] = {}
         self.param_array = np.array(prefix, dtype=float)
+
+    def share_with(self, twin: ChainInfo) -> None:
+        """Make this chain a twin of `twin` (`ChainTables.twin_of`): its tables, and the DP's rows (keyed by
+        `content`), are the twin's; only its ops (read when the stages are rebuilt) stay its own."""
+        self.content = twin.content
+        self._per_batch, self._arrays = twin._per_batch, twin._arrays
+        self._matrix = twin.boundary_matrix()
 
     def prefix_at(self, per_device_batch: float) -> tuple[list[float], list[float]]:
         """Prefix sums of (fwd + bwd ms, act bytes) over items at `per_device_batch` samples."""
@@ -378,6 +386,7 @@ class ChainTables:
         self.pars: list[ParInfo] = []
         self._chains: list[ChainInfo] = []
         self._extended: dict[ExtendedKey, ChainInfo] = {}
+        self._by_signature: dict[tuple[object, ...], list[ChainInfo]] = {}
         self.root = self._add_tree(tree)
 
     def __len__(self) -> int:
@@ -401,7 +410,30 @@ class ChainTables:
     def _add(self, chain: SPChain, par_infos: Sequence[ParInfo | None]) -> ChainInfo:
         info = ChainInfo(self.model, chain, len(self._chains), par_infos)
         self._chains.append(info)
+        twin = self.twin_of(info)
+        if twin is not None:
+            info.share_with(twin)
         return info
+
+    def twin_of(self, info: ChainInfo) -> ChainInfo | None:
+        """An earlier chain the DP cannot tell from `info`, or None: both without parallel items, with items of
+        the same ops' costs at every stored batch, weights and output sizes, and the same traffic across every
+        segment's boundary (`boundary_matrix`). Its segment tables are then the same numbers, and so are its
+        rows in any probe: the identical branches of a block (one encoder per modality, one MLP per feature)
+        are tabled and solved once."""
+        if info.has_parallel:
+            return None
+        model, entries = self.model, self.model.costs.entries
+        signature = tuple(tuple((model.param_bytes[op], model.out_bytes_per_sample[op]) for op in ops)
+                          for ops in info.item_ops)  # cheap to hash; the costs are compared below
+        same = self._by_signature.setdefault(signature, [])
+        for twin in same:
+            pairs = zip(info.boundary_matrix(), twin.boundary_matrix())
+            if all(entries[mine] == entries[theirs] for mine, theirs in zip(info.chain.ops, twin.chain.ops)) and \
+                    all(np.array_equal(mine, theirs) for mine, theirs in pairs):
+                return twin
+        same.append(info)
+        return None
 
     def extended(self, block: Block, pos: int, with_fork: bool, with_join: bool) -> ChainInfo:
         """Branch at sorted position `pos` of the block with the fork run prepended and/or the join run appended

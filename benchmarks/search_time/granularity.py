@@ -2,7 +2,7 @@
 plan on the paper's models (paper presets, analytic V100 costs, Summit) at 4-32 devices. Writes
 granularity.json and prints the README's table.
 
-    .venv/bin/python benchmarks/search_time/granularity.py                 # about 10 minutes
+    .venv/bin/python benchmarks/search_time/granularity.py                 # about 20 seconds
     .venv/bin/python benchmarks/search_time/granularity.py --models dlrm --devices 8 --batches 128
 
 No timing is compared here (the search times are in run.py's sweeps); the throughputs are the

@@ -7,7 +7,7 @@ costs at most one probe per micro-batch size (none where the size's lower bound 
 above the ceiling) unless a chain is better, and then that chain is searched like any size
 and kept as a candidate too. So graphpipe's best TPS is never worse than the chains' (to the
 search's tolerance), at a fraction of a second search's time. A chain that is worse in TPS but
-would simulate faster is not searched for; on the paper benchmark's 54 configurations the
+would simulate faster is not searched for; on the paper benchmark's 57 configurations the
 simulated winner is the same as when every chain candidate was kept (docs/architecture.md).
 When no graph pipeline fits in memory, a chain still may (a block of more than 4 branches
 opens only with a device per group): it is searched without a ceiling. When the SP tree is

@@ -134,3 +134,11 @@ def test_plots_are_written(bench: ModuleType, results: tuple[dict[str, Any], Pat
     assert set(data["plots"]) == expected
     for name in expected:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_replanning_the_stored_runs_moves_none(results: tuple[dict[str, Any], Path],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    _, out = results
+    replan = load_script("paper/replan.py", "paper_benchmark_replan")
+    assert replan.main(["--results", str(out / "results.json")]) == 0
+    assert " 0 moved" in capsys.readouterr().out

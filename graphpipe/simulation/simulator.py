@@ -16,7 +16,7 @@ from graphpipe.errors import ClusterError
 from graphpipe.schedule.generate import make_schedule
 from graphpipe.schedule.schedule import Schedule
 from graphpipe.schedule.validate import validate_schedule
-from graphpipe.simulation.comm_model import optimizer_step_ms, plan_stage_all_reduce_ms
+from graphpipe.simulation.comm_model import message_ms, optimizer_step_ms, plan_stage_all_reduce_ms
 from graphpipe.simulation.engine import Run, run_schedule
 from graphpipe.simulation.memory import peak_live_micro_batches, static_bytes
 from graphpipe.simulation.result import SimResult, Timeline
@@ -61,30 +61,52 @@ def iteration_lower_bound_s(plan: Plan, costs: CostTable, cluster: Cluster | Non
     `simulate`'s durations, whatever it waits for; it cannot start before one micro-batch has gone
     forward through every stage upstream of it (the fill), and after its last backward, that
     micro-batch's gradient still goes back through them, each then reducing and stepping (the drain).
-    Transfers are left out, so the bound holds on any network. Cheap next to `simulate` (no schedule
+    Each hop of the fill and the drain also waits for its transfer where the two stages have the same
+    micro-batch size (`_hop_ms`); other transfers are left out. Cheap next to `simulate` (no schedule
     is run), so a ranking can skip the plans whose bound is above the best iteration found."""
     cluster = cluster or _plan_cluster(plan)
     per_stage = stage_costs(plan, costs, cluster.device)
     finish_ms = {idx: plan_stage_all_reduce_ms(cluster, plan, idx, cost) + optimizer_step_ms(cluster, cost.param_bytes)
                  for idx, cost in per_stage.items()}
-    fill, drain = _fill_ms(plan, per_stage), _drain_ms(plan, per_stage, finish_ms)
+    hops = {(p, idx): _hop_ms(plan, cluster, p, idx) for idx in per_stage for p in plan.predecessors[idx]}
+    fill, drain = _fill_ms(plan, per_stage, hops), _drain_ms(plan, per_stage, finish_ms, hops)
     return max(fill[idx] + _compute_ms(plan, per_stage, idx) + drain[idx] for idx in fill) / 1e3
 
 
-def _fill_ms(plan: Plan, per_stage: dict[int, StageCost]) -> dict[int, float]:
-    """The longest chain of single forwards upstream of each stage."""
+Hops = dict[tuple[int, int], tuple[float, float]]  # per stage edge (src, dst): (forward, backward) transfer ms
+
+
+def _hop_ms(plan: Plan, cluster: Cluster, src: int, dst: int) -> tuple[float, float]:
+    """(forward, backward) transfer time of every message on edge src -> dst when both stages have the same
+    micro-batch size: a message is then one micro-batch, split over the ranks the same way each time, so
+    the engine's time for any of them (`message_ms`) is that of message 0. (0, 0) otherwise: a bound may
+    leave a transfer out."""
+    sender, receiver = plan.stages[src], plan.stages[dst]
+    size = sender.micro_batch_size
+    if size != receiver.micro_batch_size:
+        return 0.0, 0.0
+    edge = plan.edge(src, dst)
+    return (message_ms(cluster, sender, receiver, 0, size, edge.bytes_per_sample, len(edge.tensors)),
+            message_ms(cluster, receiver, sender, 0, size, edge.bytes_per_sample, len(edge.tensors)))
+
+
+def _fill_ms(plan: Plan, per_stage: dict[int, StageCost], hops: Hops) -> dict[int, float]:
+    """The longest chain of single forwards, each followed by its transfer, upstream of each stage."""
     fill: dict[int, float] = {}
     for idx in sorted(per_stage):  # stage indices are topological: every edge goes to a higher one
-        fill[idx] = max((fill[p] + per_stage[p].fwd_ms for p in plan.predecessors[idx]), default=0.0)
+        fill[idx] = max((fill[p] + per_stage[p].fwd_ms + hops[p, idx][0] for p in plan.predecessors[idx]),
+                        default=0.0)
     return fill
 
 
-def _drain_ms(plan: Plan, per_stage: dict[int, StageCost], finish_ms: dict[int, float]) -> dict[int, float]:
-    """After a stage's last backward: its own all-reduce and step, or the longest chain of single backwards
-    upstream, each followed by that stage's all-reduce and step, whichever is longer."""
+def _drain_ms(plan: Plan, per_stage: dict[int, StageCost], finish_ms: dict[int, float], hops: Hops) -> dict[int, float]:
+    """After a stage's last backward: its own all-reduce and step, or the longest chain of gradient transfers
+    and single backwards upstream, each backward followed by that stage's all-reduce and step, whichever is
+    longer."""
     drain: dict[int, float] = {}
     for idx in sorted(per_stage):
-        drain[idx] = max([finish_ms[idx]] + [per_stage[p].bwd_ms + drain[p] for p in plan.predecessors[idx]])
+        drain[idx] = max([finish_ms[idx]] + [hops[p, idx][1] + per_stage[p].bwd_ms + drain[p]
+                                             for p in plan.predecessors[idx]])
     return drain
 
 

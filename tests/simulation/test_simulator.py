@@ -247,13 +247,14 @@ def test_iteration_lower_bound_is_never_above_the_simulated_iteration(kind: str,
 
 
 @pytest.mark.parametrize("kind", ["1f1b", "gpipe"])
-def test_iteration_lower_bound_counts_fill_and_drain(kind: str) -> None:
-    """One micro-batch through a chain of 4 stages with free transfers: nothing overlaps, so the simulated
-    iteration is the forwards, the backwards and stage 0's all-reduce and step in a row, and the bound,
-    which counts the fill and the drain, equals it."""
+@pytest.mark.parametrize("bytes_per_sample", [0.0, 1e6])
+def test_iteration_lower_bound_counts_fill_and_drain(kind: str, bytes_per_sample: float) -> None:
+    """One micro-batch through a chain of 4 stages: nothing overlaps, so the simulated iteration is the
+    forwards and their transfers, the backwards and theirs, and stage 0's all-reduce and step in a row, and
+    the bound, which counts the fill and the drain with their transfers, equals it."""
     from graphpipe.simulation.simulator import iteration_lower_bound_s
 
-    plan = chain(4, 4, 4, bytes_per_sample=0.0)
+    plan = chain(4, 4, 4, bytes_per_sample=bytes_per_sample)
     costs = make_costs(plan, [1.0 + 0.5 * s.idx for s in plan.stages], 2.0, param_bytes=2**20)
     simulated = simulate(plan, costs, schedule=kind).iteration_time_s
     assert iteration_lower_bound_s(plan, costs) == pytest.approx(simulated)

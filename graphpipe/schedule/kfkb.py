@@ -24,9 +24,14 @@ from graphpipe.stages.stage_graph import Plan
 
 
 def group_size(plan: Plan, stage_idx: int) -> int:
-    """k = the largest successor micro-batch over this stage's (1 for the sink or larger own sizes)."""
+    """k = the successors' micro-batch over this stage's when every successor has the same k (1 for the sink or
+    larger own sizes). Where they differ, 1: a successor of a smaller k runs its backwards between forwards
+    it needs from this stage, so a group of k backwards here could wait on a forward this stage has not
+    run yet (a deadlock: stages 0 -> 1 -> 2 -> 3 and 0 -> 3 with sizes 1, 1, 1, 4). The 1F1B order runs
+    every such plan; the warm-up, and so the in-flight count, is the same either way."""
     own = plan.stages[stage_idx].micro_batch_size
-    return max([plan.stages[j].micro_batch_size // own for j in plan.successors[stage_idx]] + [1])
+    ratios = {max(1, plan.stages[j].micro_batch_size // own) for j in plan.successors[stage_idx]}
+    return ratios.pop() if len(ratios) == 1 else 1
 
 
 def make_kfkb(plan: Plan) -> Schedule:

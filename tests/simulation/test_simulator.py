@@ -205,6 +205,18 @@ def _random_dags(draw: st.DrawFn) -> Plan:
     return make_plan(sorted(edges), sizes, 4 * num_micro, bytes_per_sample=draw(st.sampled_from([0.0, 1e6])))
 
 
+@pytest.mark.parametrize("kind", ["1f1b", "kfkb", "gpipe"])
+def test_a_skip_edge_to_a_larger_micro_batch_does_not_deadlock(kind: str) -> None:
+    """Stage 0 feeds stage 1 (the same size) and stage 3 (4 times larger): kFkB grouped stage 0's backwards
+    4 at a time while stage 1, in 1F1B order, waited for stage 0's next forward before its next backward."""
+    plan = make_plan([(0, 1), (0, 3), (1, 2), (2, 3)], [1, 1, 1, 4], 12)
+    schedule = make_schedule(plan, kind)
+    validate_schedule(schedule, plan)
+    result = simulate(plan, make_costs(plan), schedule=schedule)
+    for stage in plan.stages:
+        assert result.peak_in_flight_samples[stage.idx] == _rule_peak(plan, stage.idx, kind)
+
+
 @settings(max_examples=60, deadline=None)
 @given(plan=_random_dags(), kind=st.sampled_from(["1f1b", "kfkb", "gpipe"]))
 def test_random_stage_dags_schedule_without_deadlock(plan: Plan, kind: str) -> None:

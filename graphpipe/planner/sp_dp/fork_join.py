@@ -42,7 +42,7 @@ tails of every pair would multiply the DP's work.
 Nesting. A block's need vector depends on its parallel block, the ops of F and J and k_after
 only, so it is memoised by those (`tables.Block.key`), as are the extended chains (per branch
 and runs: `ChainTables.extended`) and the merge stages' costs (per J and tails:
-`SizeTables.merge_cost`): the same block met in a branch and in that branch's extended chains
+`SizeTables.merge_options`): the same block met in a branch and in that branch's extended chains
 is solved once. A fork's lane is never solved as a chain: F's stage is items [0, stop) of
 [F] + B (only its segments from item 0 are read), and the rest of the lane is B from item
 stop - 1, whose suffix rows are B's own (or those of B + [J]). Solving [F] + B whole would
@@ -63,7 +63,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from graphpipe.cost.formulas.memory import OPTIMIZER_STATE_FACTOR, max_in_flight_micro_batches
+from graphpipe.cost.formulas.memory import OPTIMIZER_STATE_FACTOR
 from graphpipe.planner.sp_dp.blocks import BIG, MERGE_BRANCHES
 from graphpipe.planner.sp_dp.need import (
     BlockSol,
@@ -302,12 +302,9 @@ class ForkJoinSolver:
 
     def _merge_devices(self, block: Block, s0: int, s1: int, k_side: int) -> int:
         """Fewest data-parallel devices on which the merge stage meets the target and holds k_side micro-batches."""
-        tables, target = self.tables, self.target
         assert block.join is not None
-        for d1 in tables.degrees:
-            cost = tables.merge_cost(block.pinfo, block.join.ops, s0, s1, d1)
-            if cost.tps_ms <= target and max_in_flight_micro_batches(
-                    cost.param_bytes, cost.act_bytes, tables.memory_limit, tables.num_micro_batches) >= k_side:
+        for d1, tps, k_max in self.tables.merge_options(block.pinfo, block.join.ops, s0, s1):
+            if tps <= self.target and k_max >= k_side:
                 return d1
         return BIG
 

@@ -102,13 +102,16 @@ class Probe:
 
     def _solve_chain(self, info: ChainInfo, k_after: int, end: int) -> ChainSol:
         """Suffix need vectors from `end` back to item 0. Rows past `end` stay infeasible, so no segment,
-        block or parallel item reaches beyond it (a prefix of a chain reuses the chain's tables)."""
+        block or parallel item reaches beyond it (a prefix of a chain reuses the chain's tables); they are
+        only read, so they share one row (a merge stage's prefixes solve many short ends of a long chain)."""
         t = self.tables
         num_items, max_v, num_devices = info.num_items, t.max_v, t.num_devices
-        need = [[BIG] * (max_v + 1) for _ in range(num_items + 1)]
-        choice: list[list[ChainChoice | None]] = [[None] * (max_v + 1) for _ in range(num_items + 1)]
+        past_end = num_items - end
+        need = [[BIG] * (max_v + 1) for _ in range(end + 1)] + [[BIG] * (max_v + 1)] * past_end
+        choice: list[list[ChainChoice | None]] = [[None] * (max_v + 1) for _ in range(end + 1)] + \
+            [[None] * (max_v + 1)] * past_end
         need[end] = [0 if v >= k_after else BIG for v in range(max_v + 1)]
-        breaks: list[list[tuple[int, int]]] = [[] for _ in range(num_items + 1)]
+        breaks: list[list[tuple[int, int]]] = [[] for _ in range(end + 1)] + [[]] * past_end
         breaks[end] = feasible_breakpoints(need[end], num_devices)
         fewest = [BIG] * (num_items + 1)  # the last breakpoint's devices
         fewest[end] = breaks[end][-1][1] if breaks[end] else BIG

@@ -428,9 +428,9 @@ class ChainTables:
                           for ops in info.item_ops)  # cheap to hash; the costs are compared below
         same = self._by_signature.setdefault(signature, [])
         for twin in same:
-            pairs = zip(info.boundary_matrix(), twin.boundary_matrix())
             if all(entries[mine] == entries[theirs] for mine, theirs in zip(info.chain.ops, twin.chain.ops)) and \
-                    all(np.array_equal(mine, theirs) for mine, theirs in pairs):
+                    all(np.array_equal(mine, theirs) for mine, theirs in zip(info.boundary_matrix(),
+                                                                              twin.boundary_matrix())):
                 return twin
         same.append(info)
         return None

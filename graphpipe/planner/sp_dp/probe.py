@@ -107,11 +107,12 @@ class Probe:
         t = self.tables
         num_items, max_v, num_devices = info.num_items, t.max_v, t.num_devices
         past_end = num_items - end
+        dead_choice: list[ChainChoice | None] = [None] * (max_v + 1)
+        no_breaks: list[tuple[int, int]] = []
         need = [[BIG] * (max_v + 1) for _ in range(end + 1)] + [[BIG] * (max_v + 1)] * past_end
-        choice: list[list[ChainChoice | None]] = [[None] * (max_v + 1) for _ in range(end + 1)] + \
-            [[None] * (max_v + 1)] * past_end
+        choice = [list(dead_choice) for _ in range(end + 1)] + [dead_choice] * past_end
         need[end] = [0 if v >= k_after else BIG for v in range(max_v + 1)]
-        breaks: list[list[tuple[int, int]]] = [[] for _ in range(end + 1)] + [[]] * past_end
+        breaks: list[list[tuple[int, int]]] = [[] for _ in range(end + 1)] + [no_breaks] * past_end
         breaks[end] = feasible_breakpoints(need[end], num_devices)
         fewest = [BIG] * (num_items + 1)  # the last breakpoint's devices
         fewest[end] = breaks[end][-1][1] if breaks[end] else BIG

@@ -258,6 +258,18 @@ def test_iteration_lower_bound_is_never_above_the_simulated_iteration(kind: str,
     assert iteration_lower_bound_s(single, single_costs) == pytest.approx(alone)
 
 
+@settings(max_examples=40, deadline=None)
+@given(plan=_random_dags(), kind=st.sampled_from(["1f1b", "kfkb", "gpipe"]), first_ms=st.floats(0.1, 5.0))
+def test_iteration_lower_bound_holds_on_random_stage_dags(plan: Plan, kind: str, first_ms: float) -> None:
+    """With transfers (the DAGs carry 0 or 1e6 bytes per sample) and mixed micro-batch sizes, the bound, which
+    counts the transfers of equal-size hops, stays at most the simulated iteration."""
+    from graphpipe.simulation.simulator import iteration_lower_bound_s
+
+    costs = make_costs(plan, [first_ms + 0.5 * s.idx for s in plan.stages], 2.0, param_bytes=2**20)
+    simulated = simulate(plan, costs, schedule=make_schedule(plan, kind)).iteration_time_s
+    assert iteration_lower_bound_s(plan, costs) <= simulated * (1 + 1e-12)
+
+
 @pytest.mark.parametrize("kind", ["1f1b", "gpipe"])
 @pytest.mark.parametrize("bytes_per_sample", [0.0, 1e6])
 def test_iteration_lower_bound_counts_fill_and_drain(kind: str, bytes_per_sample: float) -> None:

@@ -27,30 +27,33 @@ from run import Run, Setup, Workload  # noqa: E402  (the benchmark's own module,
 RELATIVE = 1e-9  # samples/s closer than this count as the same
 
 
-def _config(run: dict[str, Any]) -> str:
-    return json.dumps([run["model"], run["num_devices"], run["global_batch_size"], run["granularity"],
-                       run["options"]], sort_keys=True)
+def _stored(run: dict[str, Any]) -> Run:
+    """A stored run as the benchmark's `Run` (its `key` names the configuration)."""
+    fields = {name: run[name] for name in ("experiment", "model", "num_devices", "global_batch_size", "planner",
+                                           "granularity", "options")}
+    return Run(**fields)
 
 
 def replan(results: dict[str, Any], planner: str) -> list[tuple[dict[str, Any], Run, float | None]]:
-    """(stored run, new run, stored `sequential` samples/s or None) per configuration the planner had planned."""
+    """(stored run, new run, stored `sequential` samples/s or None) per configuration the planner had planned,
+    each planned again through the benchmark's own `Workload.run`."""
     setup = Setup(**{key: tuple(value) if isinstance(value, list) else value
                      for key, value in results["setup"].items()})
     workload = Workload(setup)
-    chains = {_config(run): run["samples_per_s"] for run in results["runs"]
+    chains = {_stored(run).key[1:]: run["samples_per_s"] for run in results["runs"]
               if run["planner"] == "sequential" and run["status"] == "ok"}
     out, seen = [], set()
     for run in results["runs"]:
-        key = _config(run)
+        key = _stored(run).key[1:]  # the configuration, whichever experiment planned it
         if run["planner"] != planner or run["status"] != "ok" or key in seen:
             continue
         seen.add(key)
         overrides = dict(run["options"])
         micro_batch, memory_gib = overrides.pop("micro_batch", None), overrides.pop("memory_limit_gib", None)
-        base = Run(experiment=run["experiment"], model=run["model"], num_devices=run["num_devices"],
-                   global_batch_size=run["global_batch_size"], planner=planner, granularity=run["granularity"],
-                   options=run["options"])
-        out.append((run, workload._plan_and_simulate(base, overrides, micro_batch, memory_gib), chains.get(key)))
+        new = workload.run(run["experiment"], run["model"], run["num_devices"], run["global_batch_size"], planner,
+                           granularity=run["granularity"], overrides=overrides, micro_batch=micro_batch,
+                           memory_limit_gib=memory_gib)
+        out.append((run, new, chains.get(key)))
     return out
 
 

@@ -289,7 +289,7 @@ class ForkJoinSolver:
         assert block.join is not None
         b, widest, model = tables.micro_batch_size, tables.degrees[-1], tables.model
         times, _ = info.prefix_at(b / widest)
-        join_ms = sum(sum(model.op_at(op, b / widest)[:2]) for op in block.join.ops) / 2
+        join_ms = tables.join_totals(block.join.ops, b / widest)[0] / 2
         join_params = sum(model.param_bytes[op] for op in block.join.ops) / 2
         end, out = info.num_items, []
         for start in range(end - 1, -1, -1):

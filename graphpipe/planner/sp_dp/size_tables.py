@@ -275,7 +275,7 @@ class SizeTables:
             for d1 in self.degrees:
                 per_device = b / d1
                 (times0, acts0), (times1, acts1) = first.prefix_at(per_device), second.prefix_at(per_device)
-                join_ms, join_act = self._join_totals(join_ops, per_device)
+                join_ms, join_act = self.join_totals(join_ops, per_device)
                 compute = (times0[-1] - times0[s0]) + (times1[-1] - times1[s1]) + join_ms
                 act = (acts0[-1] - acts0[s0]) + (acts1[-1] - acts1[s1]) + join_act
                 tps = time_per_sample_ms(compute, p2p_ms(model.link, messages, bytes_per_sample * per_device),
@@ -284,7 +284,7 @@ class SizeTables:
                                                                     self.num_micro_batches)))
         return hit
 
-    def _join_totals(self, join_ops: tuple[str, ...], per_device_batch: float) -> tuple[float, float]:
+    def join_totals(self, join_ops: tuple[str, ...], per_device_batch: float) -> tuple[float, float]:
         """(fwd + bwd ms, activation bytes) of a join run at `per_device_batch` samples, cached."""
         key = (join_ops, per_device_batch)
         hit = self._joins.get(key)

@@ -35,14 +35,16 @@ then settled like a chain row (non-increasing, BIG above the devices).
 
 Merge tails are tried while they fit on their own: the tails and J within the target on the
 widest degree, their weights, gradients and Adam state within the memory limit (longer tails
-only cost more). Each tail position costs a prefix solve of its branch (the branch's own
-tables, cut at the tail: `Probe.chain(..., end=)`), hence two branches only: with more, the
-tails of every pair would multiply the DP's work.
+only cost more). Every pair of tails is costed at once (`merge_tails`: M's devices per pair as a
+matrix), and a pair is solved exactly (a prefix solve of each branch, its own tables cut at
+the tail: `Probe.chain(..., end=)`) only when its floor, the lanes' `merge_tails.prefix_floors`
+plus M's devices, betters a cell of the block's vector: almost none do. Two branches only: with
+more, the tails of every pair would multiply the DP's work.
 
 Nesting. A block's need vector depends on its parallel block, the ops of F and J and k_after
 only, so it is memoised by those (`tables.Block.key`), as are the extended chains (per branch
-and runs: `ChainTables.extended`) and the merge stages' costs (per J and tails:
-`SizeTables.merge_options`): the same block met in a branch and in that branch's extended chains
+and runs: `ChainTables.extended`) and the merge stages' costs (per block and size:
+`merge_tails.MergeTable`): the same block met in a branch and in that branch's extended chains
 is solved once. A fork's lane is never solved as a chain: F's stage is items [0, stop) of
 [F] + B (only its segments from item 0 are read), and the rest of the lane is B from item
 stop - 1, whose suffix rows are B's own (or those of B + [J]). Solving [F] + B whole would
@@ -63,8 +65,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from graphpipe.cost.formulas.memory import OPTIMIZER_STATE_FACTOR
+import numpy as np
+
 from graphpipe.planner.sp_dp.blocks import BIG, MERGE_BRANCHES
+from graphpipe.planner.sp_dp.merge_tails import MergeTables, prefix_floors, shifted
 from graphpipe.planner.sp_dp.need import (
     BlockSol,
     ChainSol,
@@ -213,10 +217,12 @@ class ForkJoinSolver:
     and k_after. The probe passes itself (`solver`) to each call rather than being held here: no reference
     cycle, so a finished probe and its memo tables are freed at once."""
 
-    def __init__(self, tables: SizeTables, target_ms: float, shapes: Shapes) -> None:
+    def __init__(self, tables: SizeTables, target_ms: float, shapes: Shapes, merges: MergeTables) -> None:
         self.tables = tables
         self.target = target_ms
         self.shapes = shapes
+        self.merges = merges
+        self.floor_memo: dict[int, np.ndarray] = {}  # per chain content, its prefix floors (`_lane_floors`)
         self.block_memo: dict[tuple[BlockKey, bool, int], BlockSol] = {}
         self.fork_memo: dict[tuple[int, int], list[tuple[int, int, int]]] = {}  # see `_fork_options`
         self.lane_memo: dict[tuple[int, int, int], dict[int, ForkLane | None]] = {}  # see `_fork_lane`
@@ -235,29 +241,38 @@ class ForkJoinSolver:
 
     def _solve(self, solver: ChainSolver, block: Block, with_join: bool, k_after: int) -> BlockSol:
         """Every layout's side (the lanes without F and the branches left whole), then F's stage where a layout
-        has one (`_fork_stage`); settled like a chain row."""
+        has one (`_fork_stage`); settled like a chain row. Merge layouts come last, only those whose floor
+        betters a cell (`_merge_layouts`)."""
         max_v = self.tables.max_v
         k_side = k_after + 1 if with_join else k_after
         psol = solver.par(block.pinfo, k_side)
         vec: list[int] = [BIG] * (max_v + 1)
         chosen: list[LayoutChoice | None] = [None] * (max_v + 1)
-        merges = ((layout, self.shapes.shape(block, layout)) for layout in self._merge_layouts(block, k_side))
-        for layout, shape in (*self.shapes.plain(block, with_join), *(merges if with_join else ())):
-            side = psol.need[shape.others]
-            for lane in shape.rest:
-                side = add(side, self._lane_need(solver, lane, k_side if lane.at_side else k_after))
-            if layout.merge is not None:
-                side = [devices + layout.merge[2] for devices in side]
-            if shape.fork is None:
-                for v in range(max_v + 1):
-                    if side[v] < vec[v]:
-                        vec[v], chosen[v] = side[v], (layout, None)
-                continue
-            self._fork_stage(solver, layout, shape, k_side if shape.fork.at_side else k_after, side, vec, chosen)
+        for layout, shape in self.shapes.plain(block, with_join):
+            self._place(solver, layout, shape, psol, (k_after, k_side), vec, chosen)
+        if with_join:
+            for layout in self._merge_layouts(block, k_side, psol.need[0], vec):
+                self._place(solver, layout, self.shapes.shape(block, layout), psol, (k_after, k_side), vec, chosen)
         for v in range(1, max_v + 1):
             if vec[v - 1] < vec[v]:
                 vec[v], chosen[v] = vec[v - 1], chosen[v - 1]
         return BlockSol([c if c <= self.tables.num_devices else BIG for c in vec], chosen)
+
+    def _place(self, solver: ChainSolver, layout: Layout, shape: _Shape, psol: ParSol, counts: tuple[int, int],
+               vec: list[int], chosen: list[LayoutChoice | None]) -> None:
+        """Write one layout into the block's vector, given (k_after, k_side)."""
+        k_after, k_side = counts
+        side = psol.need[shape.others]
+        for lane in shape.rest:
+            side = add(side, self._lane_need(solver, lane, k_side if lane.at_side else k_after))
+        if layout.merge is not None:
+            side = [devices + layout.merge[2] for devices in side]
+        if shape.fork is None:
+            for v, devices in enumerate(side):
+                if devices < vec[v]:
+                    vec[v], chosen[v] = devices, (layout, None)
+            return
+        self._fork_stage(solver, layout, shape, k_side if shape.fork.at_side else k_after, side, vec, chosen)
 
     def _lane_need(self, solver: ChainSolver, lane: _Lane, k_after: int) -> list[int]:
         if lane.chain is None:
@@ -265,48 +280,53 @@ class ForkJoinSolver:
         return solver.chain(lane.chain, k_after, lane.end).need[0]
 
     # ---- merge stages ------------------------------------------------------------------------
-    def _merge_layouts(self, block: Block, k_side: int) -> Iterator[Layout]:
-        """Merge stages that meet the target and fit (see the module docstring)."""
+    def _merge_layouts(self, block: Block, k_side: int, base: list[int], vec: list[int]) -> Iterator[Layout]:
+        """The merge layouts that may better a cell of `vec` (the block's vector so far), in the order of the
+        pairs of tails (shortest first) and then of the branch taking F: every pair within the target that
+        fits (see the module docstring) whose floor (`merge_tails`: the lanes' floors, M's devices and the
+        parallel block's base) is below a cell of `vec` within the devices. The vector only decreases, so a
+        layout left out would have written no cell."""
         if block.join is None or block.num_branches != MERGE_BRANCHES:
             return
-        forks: tuple[int | None, ...] = (0, 1) if block.fork is not None else (None,)
-        first, second = self._merge_tails(block, 0), self._merge_tails(block, 1)
-        target, limit = self.target, self.tables.memory_limit
-        for s0, compute0, params0 in first:
-            for s1, compute1, params1 in second:
-                if compute0 + compute1 > target or params0 + params1 > limit:
-                    break  # longer tails only cost more
-                devices = self._merge_devices(block, s0, s1, k_side)
-                if devices < BIG:
-                    for rf in forks:
-                        yield Layout(rf, None, (s0, s1, devices))
+        found = self.merges.of(block.pinfo, block.join.ops).devices(self.target, k_side)
+        if found is None:
+            return
+        starts, devices = found[:2], found[2]
+        lanes = [self._lane_floors(block, pos, False, starts[pos], k_side) for pos in (0, 1)]
+        least = np.array(base)[None, None, :] + devices[:, :, None]
+        current, cap = np.array(vec), self.tables.num_devices
+        if block.fork is None:
+            side = least + lanes[0][:, None, :] + lanes[1][None, :, :]
+            better = [((side < current) & (side <= cap)).any(axis=2)]
+        else:  # F's stage opens lane r_f: cell u + 1 costs at least that lane's floor at u + 1 plus the rest at u
+            forks = [self._lane_floors(block, pos, True, starts[pos], k_side) for pos in (0, 1)]
+            costs = (forks[0][:, None, 1:] + (least + lanes[1][None, :, :])[..., :-1],
+                     forks[1][None, :, 1:] + (least + lanes[0][:, None, :])[..., :-1])
+            better = [((cost < current[1:]) & (cost <= cap)).any(axis=2) for cost in costs]
+        for t0, t1 in zip(*np.nonzero(np.logical_or.reduce(better))):
+            merge = (int(starts[0][t0]), int(starts[1][t1]), int(devices[t0, t1]))
+            for rf, hits in enumerate(better):
+                if hits[t0, t1]:
+                    yield Layout(None if block.fork is None else rf, None, merge)
 
-    def _merge_tails(self, block: Block, pos: int) -> list[tuple[int, float, float]]:
-        """(s, compute per sample on the widest degree with J's share, static bytes with J's share) of the
-        non-empty tails [s, end) of branch `pos` that could join J's stage alone, shortest first."""
-        tables, target = self.tables, self.target
-        info = block.pinfo.branch_infos[pos]
-        assert block.join is not None
-        b, widest, model = tables.micro_batch_size, tables.degrees[-1], tables.model
-        times, _ = info.prefix_at(b / widest)
-        join_ms = tables.join_totals(block.join.ops, b / widest)[0] / 2
-        join_params = sum(model.param_bytes[op] for op in block.join.ops) / 2
-        end, out = info.num_items, []
-        for start in range(end - 1, -1, -1):
-            compute = (times[end] - times[start]) / b + join_ms / b
-            params = OPTIMIZER_STATE_FACTOR * (info.param_prefix[end] - info.param_prefix[start] + join_params)
-            if compute > target or params > tables.memory_limit:
-                break
-            out.append((start, compute, params))
-        return out
+    def _lane_floors(self, block: Block, pos: int, with_fork: bool, starts: np.ndarray, k_side: int) -> np.ndarray:
+        """Per tail start s, the floor of the need vector of the lane that feeds M from branch `pos`: items
+        [0, s) of the branch (with F in front: [0, s + 1) of [F] + B), given k_side after it."""
+        chain = self.shapes.chains.extended(block, pos, with_fork, False)
+        floors = self.floor_memo.get(chain.content)
+        if floors is None:
+            floors = self.floor_memo[chain.content] = self._floors(chain)
+        return shifted(floors, starts + 1 if with_fork else starts, k_side)
 
-    def _merge_devices(self, block: Block, s0: int, s1: int, k_side: int) -> int:
-        """Fewest data-parallel devices on which the merge stage meets the target and holds k_side micro-batches."""
-        assert block.join is not None
-        for d1, tps, k_max in self.tables.merge_options(block.pinfo, block.join.ops, s0, s1):
-            if tps <= self.target and k_max >= k_side:
-                return d1
-        return BIG
+    def _floors(self, chain: ChainInfo) -> np.ndarray:
+        """`merge_tails.prefix_floors` of a chain without parallel items; with them, one device and one stage
+        for any non-empty prefix (what every staging takes)."""
+        if not chain.has_parallel:
+            return prefix_floors(self.tables.fewest_degrees(chain, self.target), self.tables.max_v)
+        floors = np.ones((chain.num_items + 1, self.tables.max_v + 1), dtype=np.int64)
+        floors[0] = 0
+        floors[1:, 0] = BIG
+        return floors
 
     # ---- the fork's stage --------------------------------------------------------------------
     def _fork_stage(self, solver: ChainSolver, layout: Layout, shape: _Shape, k_lane: int, side: list[int],

@@ -40,6 +40,7 @@ from typing import Literal, Protocol
 from graphpipe.graph.sp import SPChain
 from graphpipe.planner.sp_dp.blocks import BIG, MAX_ENUMERATED_BRANCHES
 from graphpipe.planner.sp_dp.fork_join import ForkJoinSolver, ForkLane, Shapes
+from graphpipe.planner.sp_dp.merge_tails import MergeTables
 from graphpipe.planner.sp_dp.need import (
     BLOCK,
     NO_KEY,
@@ -60,12 +61,13 @@ from graphpipe.planner.stage_spec import StageSpec
 
 
 class ProbeHost(Protocol):
-    """What a probe reads of its search (`search.Search`): the size's tables, the tree's root chain, the
-    fork/join shapes shared by the sizes, and the segment offers for a target."""
+    """What a probe reads of its search (`search.Search`): the size's tables and merge stages, the tree's root
+    chain, the fork/join shapes shared by the sizes, and the segment offers for a target."""
 
     tables: SizeTables
     root: ChainInfo
     shapes: Shapes
+    merges: MergeTables
 
     def offers(self, info: ChainInfo, target_ms: float) -> SegmentOffers: ...
 
@@ -80,7 +82,7 @@ class Probe:
         self.dominated = dominance_cap(target_ms)  # offers with `until` up to this are dominated
         self.chain_memo: dict[tuple[int, int, int], ChainSol] = {}  # (chain's content, k_after, end)
         self.par_memo: dict[tuple[int, int], ParSol] = {}  # (parallel block, k_after)
-        self.blocks = ForkJoinSolver(self.tables, target_ms, host.shapes)
+        self.blocks = ForkJoinSolver(self.tables, target_ms, host.shapes, host.merges)
 
     @property
     def block_memo(self) -> dict[tuple[BlockKey, bool, int], BlockSol]:

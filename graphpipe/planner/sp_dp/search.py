@@ -24,6 +24,7 @@ import numpy as np
 from graphpipe.cost.formulas.memory import OPTIMIZER_STATE_FACTOR
 from graphpipe.graph.sp import SPChain
 from graphpipe.planner.sp_dp.fork_join import Shapes
+from graphpipe.planner.sp_dp.merge_tails import MergeTables
 from graphpipe.planner.sp_dp.probe import Probe
 from graphpipe.planner.sp_dp.size_tables import ChainConstants, SegmentOffers, SizeTables
 from graphpipe.planner.sp_dp.tables import ChainInfo, ChainTables, ParInfo, build_tables
@@ -92,7 +93,7 @@ def _running_sum(values: np.ndarray) -> float:
 class Search:
     """Binary search on the TPS target for one micro-batch size, over that size's tables (shared by its probes).
 
-    A probe reads this search as its `ProbeHost`: `tables`, `root`, `shapes` and `offers`."""
+    A probe reads this search as its `ProbeHost`: `tables`, `merges`, `root`, `shapes` and `offers`."""
 
     def __init__(self, model: CostModel, tree: SPChain, num_devices: int, micro_batch_size: int,
                  memory_limit: float, chains: ChainTables, pars: Sequence[ParInfo] | None = None,
@@ -107,6 +108,7 @@ class Search:
         self.root: ChainInfo = chains.root
         self.tables = SizeTables(model, num_devices, micro_batch_size, memory_limit, constants)
         self.shapes = shapes if shapes is not None else Shapes(chains)
+        self.merges = MergeTables(self.tables)
         self.memo = memo if memo is not None else ModelMemo.of(model)
         self._offers: dict[int, SegmentOffers] = {}
         self.best: list[StageSpec] = []

@@ -33,6 +33,7 @@ from graphpipe.cost.formulas.memory import (
     max_in_flight_micro_batches_array,
 )
 from graphpipe.cost.formulas.time_per_sample import time_per_sample_ms, time_per_sample_ms_array
+from graphpipe.planner.sp_dp.blocks import BIG
 from graphpipe.planner.sp_dp.tables import ChainInfo, ParInfo
 from graphpipe.planner.stage_cost import CostModel, all_reduce_link
 
@@ -117,7 +118,6 @@ class SizeTables:
         self._rows: dict[tuple[int, int, int], tuple[list[float], list[float], list[int]]] = {}
         self._groups: dict[tuple[int, int], list[tuple[int, float, int]]] = {}
         self._totals: dict[tuple[int, int], list[tuple[float, float]]] = {}
-        self._merge_options: dict[tuple[int, tuple[str, ...], int, int], list[tuple[int, float, int]]] = {}
         self._joins: dict[tuple[tuple[str, ...], float], tuple[float, float]] = {}
 
     def segment_rows(self, info: ChainInfo, start: int, d1: int,
@@ -258,31 +258,14 @@ class SizeTables:
             self._totals[key] = hit
         return hit
 
-    def merge_options(self, pinfo: ParInfo, join_ops: tuple[str, ...], s0: int,
-                      s1: int) -> list[tuple[int, float, int]]:
-        """(devices, TPS, most micro-batches in flight) of a merge stage (`ParInfo.merge_ops`) on each degree, fewest
-        devices first; cached. Its compute and activations are prefix-sum differences of the two branches' tails
-        plus the join run's totals, as the segment tables read a segment's (`ChainInfo.prefix_at`); its weights
-        and boundary come from the graph once per search (`ParInfo.merge_stage`)."""
-        key = (pinfo.index, join_ops, s0, s1)
-        hit = self._merge_options.get(key)
-        if hit is None:
-            stage = pinfo.merge_stage(join_ops, s0, s1)
-            first, second = pinfo.branch_infos
-            b, model = self.micro_batch_size, self.model
-            messages, bytes_per_sample = stage.boundary
-            hit = self._merge_options[key] = []
-            for d1 in self.degrees:
-                per_device = b / d1
-                (times0, acts0), (times1, acts1) = first.prefix_at(per_device), second.prefix_at(per_device)
-                join_ms, join_act = self.join_totals(join_ops, per_device)
-                compute = (times0[-1] - times0[s0]) + (times1[-1] - times1[s1]) + join_ms
-                act = (acts0[-1] - acts0[s0]) + (acts1[-1] - acts1[s1]) + join_act
-                tps = time_per_sample_ms(compute, p2p_ms(model.link, messages, bytes_per_sample * per_device),
-                                         model.all_reduce_ms(stage.params, d1), b, self.global_batch_size)
-                hit.append((d1, tps, max_in_flight_micro_batches(stage.params, act, self.memory_limit,
-                                                                    self.num_micro_batches)))
-        return hit
+    def fewest_degrees(self, info: ChainInfo, target_ms: float) -> np.ndarray:
+        """Per segment [i, j), the fewest degree on which it meets the target and holds its weights and one
+        micro-batch (BIG where none does): what a stage of it costs when memory does not limit the in-flight
+        counts (`merge_tails.prefix_floors`)."""
+        _, tps, _, fits = self._table(info)
+        meets = tps <= target_ms
+        meets &= fits
+        return np.where(meets.any(axis=0), np.array(self.degrees)[meets.argmax(axis=0)], BIG)
 
     def join_totals(self, join_ops: tuple[str, ...], per_device_batch: float) -> tuple[float, float]:
         """(fwd + bwd ms, activation bytes) of a join run at `per_device_batch` samples, cached."""

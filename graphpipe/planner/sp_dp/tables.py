@@ -244,15 +244,6 @@ def _exact_sums(weights: list[float]) -> bool:
     return 4 * sum(num * (scale // den) for num, den in ratios) < 1 << 53
 
 
-@dataclass(frozen=True, slots=True)
-class MergeStage:
-    """What a merge stage's cost needs besides the micro-batch and the degree (`ParInfo.merge_stage`)."""
-
-    ops: tuple[str, ...]
-    params: int
-    boundary: tuple[int, float]  # (messages, bytes per sample) in and out
-
-
 class ParInfo:
     """Branch order and merged-group costs of one parallel block.
 
@@ -272,7 +263,6 @@ class ParInfo:
         self.interval = len(par.branches) > MAX_ENUMERATED_BRANCHES
         self._groups: dict[int, tuple[tuple[str, ...], int, int, float]] = {}
         self._boundaries: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
-        self._merge_stages: dict[tuple[tuple[str, ...], int, int], MergeStage] = {}
 
     def group(self, mask: int) -> tuple[tuple[str, ...], int, int, float]:
         """(ops, param bytes, messages, bytes per sample) of the branches in `mask` as one stage."""
@@ -326,17 +316,6 @@ class ParInfo:
         """Ops of a merge stage: the tails of both (sorted) branches from items s0 and s1, then the join run."""
         first, second = self.branch_infos
         return first.ops(s0, first.num_items) + second.ops(s1, second.num_items) + join_ops
-
-    def merge_stage(self, join_ops: tuple[str, ...], s0: int, s1: int) -> MergeStage:
-        """A merge stage's ops, weights and boundary, cached: the same for every micro-batch size and degree,
-        so each pair of tails is read from the graph once per search."""
-        key = (join_ops, s0, s1)
-        hit = self._merge_stages.get(key)
-        if hit is None:
-            ops = self.merge_ops(join_ops, s0, s1)
-            hit = self._merge_stages[key] = MergeStage(ops=ops, params=sum(self.model.param_bytes[op] for op in ops),
-                                                       boundary=self.model.boundary(ops))
-        return hit
 
 
 BlockKey = tuple[int, tuple[str, ...], tuple[str, ...]]  # (parallel block's index, fork ops, join ops)

@@ -1,0 +1,213 @@
+"""Merge stages of two-branch blocks, every pair of tails at once, and the floors that prune them.
+
+A merge stage M (`fork_join`) takes a block's join run J and the tails [s_0, n_0) and [s_1, n_1)
+of both branches. Trying every pair of tails one by one cost a Python loop per pair and probe,
+and a prefix solve of each branch per tail (`Probe.chain(..., end=s)`), although almost no pair
+betters the block's vector: on the op-level case study, 3 pairs of 22,528 did. Here tails are
+numbered t = n - 1 - s (shortest first, the order the DP tries them) and everything is a numpy
+matrix over the pairs (t_0, t_1):
+
+- `merge_boundary`: M's traffic, messages and bytes per sample. A tensor is received by M when
+  its producer is outside and a consumer inside, sent when the reverse; whether an op is inside
+  depends on one cut only (its branch's), so each tensor's indicator is a union of one-cut
+  conditions, laid down by broadcasting (a row, a column or, for a tensor read by both
+  branches, a matrix).
+- `MergeTable` (one size): M's TPS and most micro-batches in flight per degree and pair, then,
+  per probe, the tails that meet the target and fit alone (`fork_join`'s docstring) and M's
+  fewest devices on every pair (`MergeTable.devices`).
+- `prefix_floors`: a lower bound of every prefix's need vector of a chain without parallel
+  items, in one forward pass: the DP without the memory limit on in-flight micro-batches,
+
+      floor[0][m] = 0,   floor[j][m] = min over segments [i, j) within the target that fit one
+                                        micro-batch of floor[i][m - 1] + its fewest degree
+
+  (settled non-increasing in m), so that floor[s][v - k] <= need_0[v] of the prefix [0, s)
+  followed by k in flight (it holds k + stages at its entry). Where memory does not limit the
+  in-flight counts the two are equal.
+
+`ForkJoinSolver` adds the floors of a layout's lanes to M's devices and solves exactly only the
+layouts whose floor betters a cell of the block's vector.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphpipe.cost.formulas.communication import p2p_ms_array, ring_all_reduce_ms_array
+from graphpipe.cost.formulas.memory import OPTIMIZER_STATE_FACTOR, max_in_flight_micro_batches_array
+from graphpipe.planner.sp_dp.blocks import BIG
+from graphpipe.planner.sp_dp.size_tables import SizeTables
+from graphpipe.planner.sp_dp.tables import ParInfo
+from graphpipe.planner.stage_cost import all_reduce_link
+
+Cut = np.ndarray | bool  # a condition on the cuts: a column (c0 x 1, branch 0's), a row (1 x c1) or a constant
+
+
+def merge_boundary(pinfo: ParInfo, join_ops: tuple[str, ...], count0: int,
+                   count1: int) -> tuple[np.ndarray, np.ndarray]:
+    """(messages, bytes per sample) across M's boundary for tails t_0 < count0 and t_1 < count1, as
+    count0 x count1 matrices: `CostModel.boundary` of `ParInfo.merge_ops` on every pair."""
+    model = pinfo.model
+    counts = (count0, count1)
+    shapes = ((count0, 1), (1, count1))
+    where: dict[str, tuple[int, int]] = {}  # op -> (branch, tail t from which it is inside)
+    for pos, info in enumerate(pinfo.branch_infos):
+        for item, ops in enumerate(info.item_ops):
+            for op in ops:
+                where[op] = (pos, info.num_items - 1 - item)
+    joins = set(join_ops)
+
+    def inside(op: str) -> Cut:
+        if op in joins:
+            return True
+        if op not in where:
+            return False
+        pos, first = where[op]
+        return (np.arange(counts[pos]) >= first).reshape(shapes[pos])
+
+    producers = dict.fromkeys([*where, *join_ops])
+    for op in list(producers):
+        producers.update(dict.fromkeys(model.preds[op]))
+    messages, num_bytes = np.zeros((count0, count1)), np.zeros((count0, count1))
+    for producer in producers:
+        consumers = [inside(succ) for succ in model.succs[producer]]
+        mine = inside(producer)
+        crossing = (mine & _any([_not(c) for c in consumers])) | (_not(mine) & _any(consumers))
+        messages += crossing
+        num_bytes += crossing * model.out_bytes_per_sample[producer]
+    return messages, num_bytes
+
+
+def _not(condition: Cut) -> Cut:
+    return ~condition if isinstance(condition, np.ndarray) else not condition
+
+
+def _any(conditions: list[Cut]) -> Cut:
+    out: Cut = False
+    for condition in conditions:
+        out = out | condition
+    return out
+
+
+class MergeTable:
+    """One micro-batch size's merge stages of one block (its parallel block `pinfo` and join run): per tail,
+    the compute and static memory that `fork_join` tests alone, and per degree and pair of tails, M's TPS
+    and most micro-batches in flight (built for as many tails as a probe asks, and rebuilt larger when a
+    looser target asks for more)."""
+
+    def __init__(self, tables: SizeTables, pinfo: ParInfo, join_ops: tuple[str, ...]) -> None:
+        self.tables = tables
+        self.pinfo = pinfo
+        self.join_ops = join_ops
+        b, widest, model = tables.micro_batch_size, tables.degrees[-1], tables.model
+        join_ms = tables.join_totals(join_ops, b / widest)[0] / 2
+        join_params = sum(model.param_bytes[op] for op in join_ops) / 2
+        self.starts: list[np.ndarray] = []
+        self.compute: list[np.ndarray] = []  # per tail: compute per sample on the widest degree, with J's half
+        self.params: list[np.ndarray] = []  # per tail: weights, gradients and optimizer state, with J's half
+        for info in pinfo.branch_infos:
+            end = info.num_items
+            starts = np.arange(end - 1, -1, -1)
+            times = np.array(info.prefix_at(b / widest)[0])
+            self.starts.append(starts)
+            self.compute.append((times[end] - times[starts]) / b + join_ms / b)
+            weights = np.array(info.param_prefix, dtype=float)
+            self.params.append(OPTIMIZER_STATE_FACTOR * (weights[end] - weights[starts] + join_params))
+        self._tps = self._k_max = np.zeros((0, 0, 0))
+
+    def devices(self, target_ms: float, k_side: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(starts s_0, starts s_1, fewest devices of M per pair or BIG) of the tails that meet the target and
+        fit alone, M on the fewest degree that meets the target and holds k_side micro-batches; pairs whose
+        tails together miss the target or the memory get BIG (with either tail longer, they only cost more)."""
+        limit = self.tables.memory_limit
+        alone = [np.logical_and.accumulate((compute <= target_ms) & (params <= limit))
+                 for compute, params in zip(self.compute, self.params)]
+        count0, count1 = (int(np.count_nonzero(ok)) for ok in alone)
+        if not count0 or not count1:
+            return None
+        pair = self.compute[0][:count0, None] + self.compute[1][None, :count1] <= target_ms
+        pair &= self.params[0][:count0, None] + self.params[1][None, :count1] <= limit
+        pair = np.logical_and.accumulate(pair, axis=1)
+        tps, k_max = self._costs(count0, count1)
+        meets = tps[:, :count0, :count1] <= target_ms
+        meets &= k_max[:, :count0, :count1] >= k_side
+        meets &= pair
+        degrees = np.array(self.tables.degrees)
+        fewest = np.where(meets.any(axis=0), degrees[meets.argmax(axis=0)], BIG)
+        return self.starts[0][:count0], self.starts[1][:count1], fewest
+
+    def _costs(self, count0: int, count1: int) -> tuple[np.ndarray, np.ndarray]:
+        """(TPS, most in flight) of M per degree and pair, the segment tables' formulas (`size_tables`)."""
+        if self._tps.shape[1] < count0 or self._tps.shape[2] < count1:
+            count0, count1 = max(count0, self._tps.shape[1]), max(count1, self._tps.shape[2])
+            self._tps, self._k_max = self._build(count0, count1)
+        return self._tps, self._k_max
+
+    def _build(self, count0: int, count1: int) -> tuple[np.ndarray, np.ndarray]:
+        tables, model = self.tables, self.tables.model
+        b = tables.micro_batch_size
+        first, second = self.pinfo.branch_infos
+        starts0, starts1 = self.starts[0][:count0], self.starts[1][:count1]
+        messages, num_bytes = merge_boundary(self.pinfo, self.join_ops, count0, count1)
+        weights = [np.array(info.param_prefix, dtype=float) for info in (first, second)]
+        params = (weights[0][-1] - weights[0][starts0])[:, None] + (weights[1][-1] - weights[1][starts1])[None, :]
+        params += sum(model.param_bytes[op] for op in self.join_ops)
+        compute, acts, comm, reduce = [], [], [], []
+        for d1 in tables.degrees:
+            per_device = b / d1
+            (times0, acts0), (times1, acts1) = first.prefix_arrays(per_device), second.prefix_arrays(per_device)
+            join_ms, join_act = tables.join_totals(self.join_ops, per_device)
+            compute.append((times0[-1] - times0[starts0])[:, None] + (times1[-1] - times1[starts1])[None, :] + join_ms)
+            acts.append((acts0[-1] - acts0[starts0])[:, None] + (acts1[-1] - acts1[starts1])[None, :] + join_act)
+            comm.append(p2p_ms_array(model.link, messages, num_bytes * per_device))
+            reduce.append(ring_all_reduce_ms_array(all_reduce_link(model.cluster, d1), params, d1))
+        tps = (np.stack(compute) + np.stack(comm)) / b
+        tps += np.stack([np.broadcast_to(r, params.shape) for r in reduce]) / tables.global_batch_size
+        k_max = max_in_flight_micro_batches_array(params[None], np.stack(acts), tables.memory_limit,
+                                                  tables.num_micro_batches, tables.max_v + 1)
+        return tps, k_max
+
+
+def prefix_floors(fewest: np.ndarray, max_v: int) -> np.ndarray:
+    """floor[s, m]: fewest devices staging items [0, s) of a chain without parallel items in at most m stages,
+    from `fewest[i, j]` (the fewest degree on which segment [i, j) meets the target and fits one micro-batch,
+    BIG where none does); see the module docstring. Values above BIG are clipped to BIG."""
+    size = fewest.shape[0]
+    floors = np.full((size, max_v + 1), BIG, dtype=np.int64)
+    floors[0] = 0
+    for start in range(size - 1):
+        row = np.minimum.accumulate(floors[start])
+        floors[start] = row
+        if row[-2] >= BIG:
+            continue
+        stops = np.flatnonzero(fewest[start, start + 1:] < BIG) + start + 1
+        if stops.size:
+            reached = np.minimum(row[None, :-1] + fewest[start, stops, None], BIG)
+            floors[stops, 1:] = np.minimum(floors[stops, 1:], reached)
+    floors[-1] = np.minimum.accumulate(floors[-1])
+    return floors
+
+
+def shifted(floors: np.ndarray, ends: np.ndarray, k_after: int) -> np.ndarray:
+    """Per end e, the floor of prefix [0, e)'s need vector given k_after after it: floors[e, v - k_after]
+    (BIG for v < k_after: nothing holds fewer than what follows it)."""
+    out = np.full((len(ends), floors.shape[1]), BIG, dtype=np.int64)
+    if k_after < floors.shape[1]:
+        out[:, k_after:] = floors[ends, :floors.shape[1] - k_after]
+    return out
+
+
+class MergeTables:
+    """The `MergeTable`s of one micro-batch size, by block (parallel block and join run): owned by its `Search`,
+    shared by its probes."""
+
+    def __init__(self, tables: SizeTables) -> None:
+        self.tables = tables
+        self._tables: dict[tuple[int, tuple[str, ...]], MergeTable] = {}
+
+    def of(self, pinfo: ParInfo, join_ops: tuple[str, ...]) -> MergeTable:
+        key = (pinfo.index, join_ops)
+        hit = self._tables.get(key)
+        if hit is None:
+            hit = self._tables[key] = MergeTable(self.tables, pinfo, join_ops)
+        return hit

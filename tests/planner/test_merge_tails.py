@@ -1,0 +1,125 @@
+"""Merge stages, every pair of tails at once (`sp_dp.merge_tails`): the boundary matrices are the graph's
+traffic, the prefix floors never exceed the DP's need (and equal it where memory does not bind), and pruning
+merge layouts by their floors changes no plan."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from graphpipe.planner.api import make_request, plan_candidates
+from graphpipe.planner.request import PlanRequest
+from graphpipe.planner.sp_dp import Probe, Search, build_tables, partition_sp
+from graphpipe.planner.sp_dp.blocks import BIG, MERGE_BRANCHES
+from graphpipe.planner.sp_dp.fork_join import ForkJoinSolver
+from graphpipe.planner.sp_dp.merge_tails import merge_boundary, prefix_floors, shifted
+from graphpipe.planner.sp_dp.tables import Block, ChainInfo, ChainTables
+from graphpipe.planner.stage_spec import StageSpec
+from tests.planner.random_sp_graphs import Case, cases
+
+NO_LIMIT = 1e18
+MERGING = ("two_branch", "fork_join", "nested")  # the shapes with two-branch blocks and a join run
+
+
+def _request(case: Case, limit: float) -> PlanRequest:
+    return make_request(case.graph, case.costs, case.cluster, case.global_batch_size,
+                        micro_batch_sizes=[case.micro_batch_size], memory_limit=limit)
+
+
+def _merge_blocks(chains: ChainTables) -> Iterator[Block]:
+    for info in list(chains):
+        for start in range(info.num_items):
+            block = info.fork_join(start)
+            if block is not None and block.join is not None and block.num_branches == MERGE_BRANCHES:
+                yield block
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=cases(shapes=MERGING))
+def test_boundary_matrices_are_the_graphs_traffic(case: Case) -> None:
+    request = _request(case, NO_LIMIT)
+    chains, _ = build_tables(request.model, request.sp_tree)
+    for block in _merge_blocks(chains):
+        assert block.join is not None
+        first, second = block.pinfo.branch_infos
+        messages, num_bytes = merge_boundary(block.pinfo, block.join.ops, first.num_items, second.num_items)
+        for t0 in range(first.num_items):
+            for t1 in range(second.num_items):
+                ops = block.pinfo.merge_ops(block.join.ops, first.num_items - 1 - t0, second.num_items - 1 - t1)
+                expected = request.model.boundary(ops)
+                assert (messages[t0, t1], num_bytes[t0, t1]) == pytest.approx(expected), (t0, t1, ops)
+
+
+def _probe(request: PlanRequest, target_ms: float) -> Probe:
+    chains, pars = build_tables(request.model, request.sp_tree)
+    search = Search(request.model, request.sp_tree, request.num_devices, request.micro_batch_sizes[0],
+                    request.memory_limit, chains, pars)
+    return Probe(search, target_ms)
+
+
+def _leaf_chains(probe: Probe) -> list[ChainInfo]:
+    return [info for info in probe.host.shapes.chains if not info.has_parallel and info.num_items]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=cases(shapes=MERGING))
+def test_prefix_floors_bound_the_need_and_equal_it_without_a_memory_limit(case: Case) -> None:
+    """On every chain without parallel items, every prefix and every k_after: floor <= need (tight memory) and
+    floor == need (no limit), above the devices read as infeasible."""
+    for limit, equal in ((NO_LIMIT, True), (_tight_limit(case), False)):
+        request = _request(case, limit)
+        for target in (math.inf, _middling_target(request)):
+            probe = _probe(request, target)
+            for info in _leaf_chains(probe):
+                floors = prefix_floors(probe.tables.fewest_degrees(info, target), probe.tables.max_v)
+                for k_after in range(probe.tables.max_v + 1):
+                    bounds = shifted(floors, np.arange(info.num_items + 1), k_after)
+                    for end in range(info.num_items + 1):
+                        need = np.array(probe.chain(info, k_after, end).need[0])
+                        bound = np.where(bounds[end] <= probe.tables.num_devices, bounds[end], BIG)
+                        assert (bound <= need).all(), (end, k_after, bound, need)
+                        if equal:
+                            assert (bound == need).all(), (end, k_after, bound, need)
+
+
+def _tight_limit(case: Case) -> float:
+    """Below the peak memory of the best plan with no limit, so that memory binds (`Case.tightness`)."""
+    best = plan_candidates(case.graph, case.costs, case.cluster, case.global_batch_size,
+                           micro_batch_sizes=[case.micro_batch_size], memory_limit=NO_LIMIT)[0]
+    return math.floor(max(stage.memory_bytes for stage in best.stages) * case.tightness) + 0.5
+
+
+def _middling_target(request: PlanRequest) -> float:
+    """A target between the loosest and the tightest: the best plan's TPS over 0.9 (plans exist, fewer pass)."""
+    found = partition_sp(request.model, request.sp_tree, request.num_devices, request.micro_batch_sizes,
+                         request.memory_limit)
+    plans = [plans[0] for plans in found.values() if plans]
+    if not plans:
+        return math.inf
+    return max(request.model.stage_cost(s.ops, s.num_devices, s.micro_batch_size).tps_ms for s in plans[0]) / 0.9
+
+
+def _no_floors(self: ForkJoinSolver, chain: ChainInfo) -> np.ndarray:
+    """The weakest floor: nothing (every merge layout within the target and the devices is solved)."""
+    return np.zeros((chain.num_items + 1, self.tables.max_v + 1), dtype=np.int64)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=cases(shapes=MERGING))
+def test_pruning_merge_layouts_changes_no_plan(case: Case) -> None:
+    for limit in (NO_LIMIT, _tight_limit(case)):
+        pruned = _plans(case, limit)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(ForkJoinSolver, "_floors", _no_floors)
+            every = _plans(case, limit)
+        assert pruned == every
+
+
+def _plans(case: Case, limit: float) -> dict[int, list[list[StageSpec]]]:
+    request = _request(case, limit)  # fresh tables and memo
+    return partition_sp(request.model, request.sp_tree, request.num_devices, request.micro_batch_sizes,
+                        request.memory_limit, every_size=True)

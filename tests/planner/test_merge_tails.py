@@ -75,9 +75,9 @@ def test_prefix_floors_bound_the_need_and_equal_it_without_a_memory_limit(case: 
         for target in (math.inf, _middling_target(request)):
             probe = _probe(request, target)
             for info in _leaf_chains(probe):
-                floors = prefix_floors(probe.tables.fewest_degrees(info, target), probe.tables.max_v)
                 for k_after in range(probe.tables.max_v + 1):
-                    bounds = shifted(floors, np.arange(info.num_items + 1), k_after)
+                    fewest = probe.tables.fewest_degrees(info, target, k_after + 1)
+                    bounds = shifted(prefix_floors(fewest, probe.tables.max_v), np.arange(info.num_items + 1), k_after)
                     for end in range(info.num_items + 1):
                         need = np.array(probe.chain(info, k_after, end).need[0])
                         bound = np.where(bounds[end] <= probe.tables.num_devices, bounds[end], BIG)
@@ -103,7 +103,7 @@ def _middling_target(request: PlanRequest) -> float:
     return max(request.model.stage_cost(s.ops, s.num_devices, s.micro_batch_size).tps_ms for s in plans[0]) / 0.9
 
 
-def _no_floors(self: ForkJoinSolver, chain: ChainInfo) -> np.ndarray:
+def _no_floors(self: ForkJoinSolver, chain: ChainInfo, k_after: int) -> np.ndarray:
     """The weakest floor: nothing (every merge layout within the target and the devices is solved)."""
     return np.zeros((chain.num_items + 1, self.tables.max_v + 1), dtype=np.int64)
 

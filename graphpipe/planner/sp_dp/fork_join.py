@@ -222,7 +222,7 @@ class ForkJoinSolver:
         self.target = target_ms
         self.shapes = shapes
         self.merges = merges
-        self.floor_memo: dict[int, np.ndarray] = {}  # per chain content, its prefix floors (`_lane_floors`)
+        self.floor_memo: dict[tuple[int, int], np.ndarray] = {}  # per chain content and k_after (`_lane_floors`)
         self.block_memo: dict[tuple[BlockKey, bool, int], BlockSol] = {}
         self.fork_memo: dict[tuple[int, int], list[tuple[int, int, int]]] = {}  # see `_fork_options`
         self.lane_memo: dict[tuple[int, int, int], dict[int, ForkLane | None]] = {}  # see `_fork_lane`
@@ -294,35 +294,42 @@ class ForkJoinSolver:
         starts, devices = found[:2], found[2]
         lanes = [self._lane_floors(block, pos, False, starts[pos], k_side) for pos in (0, 1)]
         least = np.array(base)[None, None, :] + devices[:, :, None]
-        current, cap = np.array(vec), self.tables.num_devices
-        if block.fork is None:
-            side = least + lanes[0][:, None, :] + lanes[1][None, :, :]
-            better = [((side < current) & (side <= cap)).any(axis=2)]
+        cap = self.tables.num_devices
+        if block.fork is None:  # cell v costs at least the floor at v (`floors` per cell from v = 0)
+            floors, first = [least + lanes[0][:, None, :] + lanes[1][None, :, :]], 0
         else:  # F's stage opens lane r_f: cell u + 1 costs at least that lane's floor at u + 1 plus the rest at u
             forks = [self._lane_floors(block, pos, True, starts[pos], k_side) for pos in (0, 1)]
-            costs = (forks[0][:, None, 1:] + (least + lanes[1][None, :, :])[..., :-1],
-                     forks[1][None, :, 1:] + (least + lanes[0][:, None, :])[..., :-1])
-            better = [((cost < current[1:]) & (cost <= cap)).any(axis=2) for cost in costs]
+            floors = [forks[0][:, None, 1:] + (least + lanes[1][None, :, :])[..., :-1],
+                      forks[1][None, :, 1:] + (least + lanes[0][:, None, :])[..., :-1]]
+            first = 1
+        for floor in floors:
+            floor[floor > cap] = BIG  # above the devices: no cell it writes counts
+        current = np.array(vec[first:])
+        better = [(floor < current).any(axis=2) for floor in floors]
         for t0, t1 in zip(*np.nonzero(np.logical_or.reduce(better))):
             merge = (int(starts[0][t0]), int(starts[1][t1]), int(devices[t0, t1]))
-            for rf, hits in enumerate(better):
-                if hits[t0, t1]:
+            for rf, (floor, hits) in enumerate(zip(floors, better)):
+                # the vector has only gone down since `better`: test the floor again against it
+                if hits[t0, t1] and any(low < now for low, now in zip(floor[t0, t1].tolist(), vec[first:])):
                     yield Layout(None if block.fork is None else rf, None, merge)
 
     def _lane_floors(self, block: Block, pos: int, with_fork: bool, starts: np.ndarray, k_side: int) -> np.ndarray:
         """Per tail start s, the floor of the need vector of the lane that feeds M from branch `pos`: items
         [0, s) of the branch (with F in front: [0, s + 1) of [F] + B), given k_side after it."""
         chain = self.shapes.chains.extended(block, pos, with_fork, False)
-        floors = self.floor_memo.get(chain.content)
+        key = (chain.content, k_side)
+        floors = self.floor_memo.get(key)
         if floors is None:
-            floors = self.floor_memo[chain.content] = self._floors(chain)
+            floors = self.floor_memo[key] = self._floors(chain, k_side)
         return shifted(floors, starts + 1 if with_fork else starts, k_side)
 
-    def _floors(self, chain: ChainInfo) -> np.ndarray:
-        """`merge_tails.prefix_floors` of a chain without parallel items; with them, one device and one stage
-        for any non-empty prefix (what every staging takes)."""
+    def _floors(self, chain: ChainInfo, k_after: int) -> np.ndarray:
+        """`merge_tails.prefix_floors` of a chain without parallel items followed by k_after in flight (each of
+        its stages holds at least k_after + 1); with parallel items, one device and one stage for any non-empty
+        prefix (what every staging takes)."""
         if not chain.has_parallel:
-            return prefix_floors(self.tables.fewest_degrees(chain, self.target), self.tables.max_v)
+            fewest = self.tables.fewest_degrees(chain, self.target, k_after + 1)
+            return prefix_floors(fewest, self.tables.max_v)
         floors = np.ones((chain.num_items + 1, self.tables.max_v + 1), dtype=np.int64)
         floors[0] = 0
         floors[1:, 0] = BIG

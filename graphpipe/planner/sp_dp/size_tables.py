@@ -258,13 +258,14 @@ class SizeTables:
             self._totals[key] = hit
         return hit
 
-    def fewest_degrees(self, info: ChainInfo, target_ms: float) -> np.ndarray:
-        """Per segment [i, j), the fewest degree on which it meets the target and holds its weights and one
-        micro-batch (BIG where none does): what a stage of it costs when memory does not limit the in-flight
-        counts (`merge_tails.prefix_floors`)."""
-        _, tps, _, fits = self._table(info)
+    def fewest_degrees(self, info: ChainInfo, target_ms: float, held: int) -> np.ndarray:
+        """Per segment [i, j), the fewest degree on which it meets the target and holds its weights and `held`
+        micro-batches in flight (BIG where none does): the least a stage of it costs wherever it holds at least
+        that many (`merge_tails.prefix_floors`)."""
+        _, tps, k_max, fits = self._table(info)
         meets = tps <= target_ms
         meets &= fits
+        meets &= k_max >= held
         return np.where(meets.any(axis=0), np.array(self.degrees)[meets.argmax(axis=0)], BIG)
 
     def join_totals(self, join_ops: tuple[str, ...], per_device_batch: float) -> tuple[float, float]:

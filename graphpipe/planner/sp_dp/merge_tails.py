@@ -46,7 +46,17 @@ Cut = np.ndarray | bool  # a condition on the cuts: a column (c0 x 1, branch 0's
 def merge_boundary(pinfo: ParInfo, join_ops: tuple[str, ...], count0: int,
                    count1: int) -> tuple[np.ndarray, np.ndarray]:
     """(messages, bytes per sample) across M's boundary for tails t_0 < count0 and t_1 < count1, as
-    count0 x count1 matrices: `CostModel.boundary` of `ParInfo.merge_ops` on every pair."""
+    count0 x count1 matrices: `CostModel.boundary` of `ParInfo.merge_ops` on every pair. Cached on `pinfo`:
+    every micro-batch size reads the same."""
+    key = (join_ops, count0, count1)
+    hit = pinfo.merge_boundaries.get(key)
+    if hit is None:
+        hit = pinfo.merge_boundaries[key] = _merge_boundary(pinfo, join_ops, count0, count1)
+    return hit
+
+
+def _merge_boundary(pinfo: ParInfo, join_ops: tuple[str, ...], count0: int,
+                    count1: int) -> tuple[np.ndarray, np.ndarray]:
     model = pinfo.model
     counts = (count0, count1)
     shapes = ((count0, 1), (1, count1))

@@ -46,7 +46,7 @@ def test_boundary_matrices_are_the_graphs_traffic(case: Case) -> None:
     for block in _merge_blocks(chains):
         assert block.join is not None
         first, second = block.pinfo.branch_infos
-        messages, num_bytes = merge_boundary(block.pinfo, block.join.ops, first.num_items, second.num_items)
+        messages, num_bytes = merge_boundary(block.pinfo, block.join.ops)
         for t0 in range(first.num_items):
             for t1 in range(second.num_items):
                 ops = block.pinfo.merge_ops(block.join.ops, first.num_items - 1 - t0, second.num_items - 1 - t1)

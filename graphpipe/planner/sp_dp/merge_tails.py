@@ -31,6 +31,8 @@ layouts whose floor betters a cell of the block's vector.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from graphpipe.cost.formulas.communication import p2p_ms_array, ring_all_reduce_ms_array
@@ -40,63 +42,79 @@ from graphpipe.planner.sp_dp.size_tables import SizeTables
 from graphpipe.planner.sp_dp.tables import ParInfo
 from graphpipe.planner.stage_cost import all_reduce_link
 
-Cut = np.ndarray | bool  # a condition on the cuts: a column (c0 x 1, branch 0's), a row (1 x c1) or a constant
+Cut = np.ndarray | bool  # a condition on the cuts: a column (n_0 x 1, branch 0's), a row (1 x n_1) or a constant
 
 
-def merge_boundary(pinfo: ParInfo, join_ops: tuple[str, ...], count0: int,
-                   count1: int) -> tuple[np.ndarray, np.ndarray]:
-    """(messages, bytes per sample) across M's boundary for tails t_0 < count0 and t_1 < count1, as
-    count0 x count1 matrices: `CostModel.boundary` of `ParInfo.merge_ops` on every pair. Cached on `pinfo`:
-    every micro-batch size reads the same."""
-    key = (join_ops, count0, count1)
-    hit = pinfo.merge_boundaries.get(key)
+def merge_boundary(pinfo: ParInfo, join_ops: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(messages, bytes per sample) across M's boundary for every pair of tails (t_0, t_1), as n_0 x n_1
+    matrices: `CostModel.boundary` of `ParInfo.merge_ops` on every pair. Cached on `pinfo`: every micro-batch
+    size reads the same."""
+    hit = pinfo.merge_boundaries.get(join_ops)
     if hit is None:
-        hit = pinfo.merge_boundaries[key] = _merge_boundary(pinfo, join_ops, count0, count1)
+        hit = pinfo.merge_boundaries[join_ops] = _merge_boundary(pinfo, join_ops)
     return hit
 
 
-def _merge_boundary(pinfo: ParInfo, join_ops: tuple[str, ...], count0: int,
-                    count1: int) -> tuple[np.ndarray, np.ndarray]:
+def _merge_boundary(pinfo: ParInfo, join_ops: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Per producer: its own side of the cut, and whether a consumer is on the other. An op of branch b at
+    item i is inside from tail n_b - 1 - i on (its `first`), so "some consumer of branch b inside" is
+    t_b >= the least first among them, "some outside" t_b < the greatest; J is always inside, anything
+    else always outside. Each condition is a column (branch 0's cut), a row (branch 1's) or a constant,
+    summed apart and broadcast once at the end."""
     model = pinfo.model
-    counts = (count0, count1)
-    shapes = ((count0, 1), (1, count1))
-    where: dict[str, tuple[int, int]] = {}  # op -> (branch, tail t from which it is inside)
+    first: dict[str, tuple[int, int]] = {}  # op -> (branch, tail t from which it is inside)
     for pos, info in enumerate(pinfo.branch_infos):
         for item, ops in enumerate(info.item_ops):
             for op in ops:
-                where[op] = (pos, info.num_items - 1 - item)
+                first[op] = (pos, info.num_items - 1 - item)
     joins = set(join_ops)
-
-    def inside(op: str) -> Cut:
-        if op in joins:
-            return True
-        if op not in where:
-            return False
-        pos, first = where[op]
-        return (np.arange(counts[pos]) >= first).reshape(shapes[pos])
-
-    producers = dict.fromkeys([*where, *join_ops])
+    cuts = (np.arange(pinfo.branch_infos[0].num_items)[:, None], np.arange(pinfo.branch_infos[1].num_items)[None, :])
+    producers = dict.fromkeys([*first, *join_ops])
     for op in list(producers):
         producers.update(dict.fromkeys(model.preds[op]))
-    messages, num_bytes = np.zeros((count0, count1)), np.zeros((count0, count1))
+    shape = (len(cuts[0]), len(cuts[1][0]))
+    totals = {kind: (np.zeros(size), np.zeros(size)) for kind, size in
+              (("col", (shape[0], 1)), ("row", (1, shape[1])), ("both", shape), ("const", ()))}
     for producer in producers:
-        consumers = [inside(succ) for succ in model.succs[producer]]
-        mine = inside(producer)
-        crossing = (mine & _any([_not(c) for c in consumers])) | (_not(mine) & _any(consumers))
+        crossing = _crossing(producer, first, joins, model.succs[producer], cuts)
+        if crossing is False:
+            continue
+        kind = "const" if crossing is True else "both" if crossing.shape == shape else \
+            "col" if crossing.shape[1] == 1 else "row"
+        messages, num_bytes = totals[kind]
         messages += crossing
-        num_bytes += crossing * model.out_bytes_per_sample[producer]
+        num_bytes += np.multiply(crossing, model.out_bytes_per_sample[producer])
+    messages, num_bytes = (sum(parts[idx] for parts in totals.values()) + np.zeros(shape) for idx in (0, 1))
     return messages, num_bytes
 
 
-def _not(condition: Cut) -> Cut:
-    return ~condition if isinstance(condition, np.ndarray) else not condition
-
-
-def _any(conditions: list[Cut]) -> Cut:
-    out: Cut = False
-    for condition in conditions:
-        out = out | condition
-    return out
+def _crossing(producer: str, first: dict[str, tuple[int, int]], joins: set[str], consumers: Sequence[str],
+              cuts: tuple[np.ndarray, np.ndarray]) -> Cut:
+    """Where `producer`'s tensor crosses M's boundary (module docstring), as a condition on the cuts."""
+    least, most = [-1, -1], [-1, -1]  # per branch, the least and the greatest first of a consumer there
+    in_join = elsewhere = False
+    for consumer in consumers:
+        if consumer in joins:
+            in_join = True
+        elif consumer in first:
+            pos, at = first[consumer]
+            least[pos] = at if least[pos] < 0 else min(least[pos], at)
+            most[pos] = max(most[pos], at)
+        else:
+            elsewhere = True
+    some_in: Cut = in_join
+    some_out: Cut = elsewhere
+    for pos in (0, 1):
+        if least[pos] >= 0:
+            some_in = some_in | (cuts[pos] >= least[pos])
+            some_out = some_out | (cuts[pos] < most[pos])
+    if producer in joins:
+        return some_out
+    if producer not in first:
+        return some_in
+    pos, at = first[producer]
+    mine = cuts[pos] >= at
+    return (mine & some_out) | (~mine & some_in)
 
 
 class MergeTable:
@@ -158,7 +176,7 @@ class MergeTable:
         b = tables.micro_batch_size
         first, second = self.pinfo.branch_infos
         starts0, starts1 = self.starts[0][:count0], self.starts[1][:count1]
-        messages, num_bytes = merge_boundary(self.pinfo, self.join_ops, count0, count1)
+        messages, num_bytes = (part[:count0, :count1] for part in merge_boundary(self.pinfo, self.join_ops))
         weights = [np.array(info.param_prefix, dtype=float) for info in (first, second)]
         params = (weights[0][-1] - weights[0][starts0])[:, None] + (weights[1][-1] - weights[1][starts1])[None, :]
         params += sum(model.param_bytes[op] for op in self.join_ops)

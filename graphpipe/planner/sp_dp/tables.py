@@ -263,8 +263,8 @@ class ParInfo:
         self.interval = len(par.branches) > MAX_ENUMERATED_BRANCHES
         self._groups: dict[int, tuple[tuple[str, ...], int, int, float]] = {}
         self._boundaries: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
-        # per join run and numbers of tails: a merge stage's traffic (`merge_tails.merge_boundary`), for every size
-        self.merge_boundaries: dict[tuple[tuple[str, ...], int, int], tuple[np.ndarray, np.ndarray]] = {}
+        # per join run, a merge stage's traffic on every pair of tails (`merge_tails.merge_boundary`), for every size
+        self.merge_boundaries: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
 
     def group(self, mask: int) -> tuple[tuple[str, ...], int, int, float]:
         """(ops, param bytes, messages, bytes per sample) of the branches in `mask` as one stage."""

@@ -68,7 +68,7 @@ from typing import Protocol
 import numpy as np
 
 from graphpipe.planner.sp_dp.blocks import BIG, MERGE_BRANCHES
-from graphpipe.planner.sp_dp.merge_tails import MergeTables, prefix_floors, shifted
+from graphpipe.planner.sp_dp.merge_tails import MergeTables, prefix_floors, shifted, work_floors
 from graphpipe.planner.sp_dp.need import (
     BlockSol,
     ChainSol,
@@ -325,15 +325,11 @@ class ForkJoinSolver:
 
     def _floors(self, chain: ChainInfo, k_after: int) -> np.ndarray:
         """`merge_tails.prefix_floors` of a chain without parallel items followed by k_after in flight (each of
-        its stages holds at least k_after + 1); with parallel items, one device and one stage for any non-empty
-        prefix (what every staging takes)."""
+        its stages holds at least k_after + 1); with parallel items, `merge_tails.work_floors`."""
         if not chain.has_parallel:
             fewest = self.tables.fewest_degrees(chain, self.target, k_after + 1)
             return prefix_floors(fewest, self.tables.max_v)
-        floors = np.ones((chain.num_items + 1, self.tables.max_v + 1), dtype=np.int64)
-        floors[0] = 0
-        floors[1:, 0] = BIG
-        return floors
+        return work_floors(self.tables, chain, self.target)
 
     # ---- the fork's stage --------------------------------------------------------------------
     def _fork_stage(self, solver: ChainSolver, layout: Layout, shape: _Shape, k_lane: int, side: list[int],

@@ -18,12 +18,13 @@ matrix over the pairs (t_0, t_1):
 - `prefix_floors`: a lower bound of every prefix's need vector of a chain without parallel
   items, in one forward pass: the DP without the memory limit on in-flight micro-batches,
 
-      floor[0][m] = 0,   floor[j][m] = min over segments [i, j) within the target that fit one
-                                        micro-batch of floor[i][m - 1] + its fewest degree
+      floor[0][m] = 0,   floor[j][m] = min over segments [i, j) within the target that hold
+                                        k + 1 micro-batches of floor[i][m - 1] + its fewest degree
 
-  (settled non-increasing in m), so that floor[s][v - k] <= need_0[v] of the prefix [0, s)
-  followed by k in flight (it holds k + stages at its entry). Where memory does not limit the
-  in-flight counts the two are equal.
+  (settled non-increasing in m; every stage of the prefix holds at least k + 1), so that
+  floor[s][v - k] <= need_0[v] of the prefix [0, s) followed by k in flight (it holds k + stages
+  at its entry). Where memory does not limit the in-flight counts the two are equal. A chain with
+  parallel items gets `work_floors` instead: its least work over the target.
 
 `ForkJoinSolver` adds the floors of a layout's lanes to M's devices and solves exactly only the
 layouts whose floor betters a cell of the block's vector.
@@ -31,6 +32,7 @@ layouts whose floor betters a cell of the block's vector.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -39,7 +41,7 @@ from graphpipe.cost.formulas.communication import p2p_ms_array, ring_all_reduce_
 from graphpipe.cost.formulas.memory import OPTIMIZER_STATE_FACTOR, max_in_flight_micro_batches_array
 from graphpipe.planner.sp_dp.blocks import BIG
 from graphpipe.planner.sp_dp.size_tables import SizeTables
-from graphpipe.planner.sp_dp.tables import ParInfo
+from graphpipe.planner.sp_dp.tables import ChainInfo, ParInfo
 from graphpipe.planner.stage_cost import all_reduce_link
 
 Cut = np.ndarray | bool  # a condition on the cuts: a column (n_0 x 1, branch 0's), a row (1 x n_1) or a constant
@@ -213,6 +215,24 @@ def prefix_floors(fewest: np.ndarray, max_v: int) -> np.ndarray:
             reached = np.minimum(row[None, :-1] + fewest[start, stops, None], BIG)
             floors[stops, 1:] = np.minimum(floors[stops, 1:], reached)
     floors[-1] = np.minimum.accumulate(floors[-1])
+    return floors
+
+
+def work_floors(tables: SizeTables, info: ChainInfo, target_ms: float) -> np.ndarray:
+    """floor[s, m] for any chain (parallel items too): every staging of items [0, s) within the target uses at
+    least one device and one stage, and at least its least work over the target. A stage on d devices meets
+    the target T only if d x its compute at b / d samples per device is at most d x T x b, and its items
+    cost at least their least such work over the degrees, so
+
+        devices >= sum over items of min over d of d x compute(item, b / d), over T x b."""
+    b = tables.micro_batch_size
+    per_item = np.min([d1 * np.diff(info.prefix_arrays(b / d1)[0]) for d1 in tables.degrees], axis=0)
+    least = np.zeros(info.num_items + 1)
+    if target_ms < math.inf:  # a hair below the quotient: rounding must not lift a floor above the need
+        least[1:] = np.ceil(np.cumsum(per_item) / (target_ms * b) * (1 - 1e-9))
+    floors = np.repeat(np.maximum(least, 1).astype(np.int64)[:, None], tables.max_v + 1, axis=1)
+    floors[0] = 0
+    floors[1:, 0] = BIG
     return floors
 
 

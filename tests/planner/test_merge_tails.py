@@ -16,7 +16,7 @@ from graphpipe.planner.request import PlanRequest
 from graphpipe.planner.sp_dp import Probe, Search, build_tables, partition_sp
 from graphpipe.planner.sp_dp.blocks import BIG, MERGE_BRANCHES
 from graphpipe.planner.sp_dp.fork_join import ForkJoinSolver
-from graphpipe.planner.sp_dp.merge_tails import merge_boundary, prefix_floors, shifted, work_floors
+from graphpipe.planner.sp_dp.merge_tails import block_steps, merge_boundary, prefix_floors, shifted
 from graphpipe.planner.sp_dp.tables import Block, ChainInfo, ChainTables
 from graphpipe.planner.stage_spec import StageSpec
 from tests.planner.random_sp_graphs import Case, cases
@@ -73,8 +73,8 @@ def _nested_chains(probe: Probe) -> list[ChainInfo]:
 @given(case=cases(shapes=MERGING))
 def test_prefix_floors_bound_the_need_and_equal_it_without_a_memory_limit(case: Case) -> None:
     """On every chain without parallel items, every prefix and every k_after: floor <= need (tight memory) and
-    floor == need (no limit), above the devices read as infeasible; on chains with parallel items, the work
-    floor <= need."""
+    floor == need (no limit), above the devices read as infeasible; on chains with parallel items (blocks stepped
+    over on their least work), floor <= need."""
     for limit, equal in ((NO_LIMIT, True), (_tight_limit(case), False)):
         request = _request(case, limit)
         for target in (math.inf, _middling_target(request)):
@@ -90,8 +90,10 @@ def test_prefix_floors_bound_the_need_and_equal_it_without_a_memory_limit(case: 
                         if equal:
                             assert (bound == need).all(), (end, k_after, bound, need)
             for info in _nested_chains(probe):
-                bounds = work_floors(probe.tables, info, target)
+                steps = block_steps(probe.tables, info, target)
                 for k_after in range(probe.tables.max_v + 1):
+                    fewest = probe.tables.fewest_degrees(info, target, k_after + 1)
+                    bounds = prefix_floors(fewest, probe.tables.max_v, steps)
                     floors = shifted(bounds, np.arange(info.num_items + 1), k_after)
                     for end in range(info.num_items + 1):
                         need = np.array(probe.chain(info, k_after, end).need[0])

@@ -68,7 +68,7 @@ from typing import Protocol
 import numpy as np
 
 from graphpipe.planner.sp_dp.blocks import BIG, MERGE_BRANCHES
-from graphpipe.planner.sp_dp.merge_tails import MergeTables, prefix_floors, shifted, work_floors
+from graphpipe.planner.sp_dp.merge_tails import MergeTables, block_steps, prefix_floors, shifted
 from graphpipe.planner.sp_dp.need import (
     BlockSol,
     ChainSol,
@@ -324,12 +324,11 @@ class ForkJoinSolver:
         return shifted(floors, starts + 1 if with_fork else starts, k_side)
 
     def _floors(self, chain: ChainInfo, k_after: int) -> np.ndarray:
-        """`merge_tails.prefix_floors` of a chain without parallel items followed by k_after in flight (each of
-        its stages holds at least k_after + 1); with parallel items, `merge_tails.work_floors`."""
-        if not chain.has_parallel:
-            fewest = self.tables.fewest_degrees(chain, self.target, k_after + 1)
-            return prefix_floors(fewest, self.tables.max_v)
-        return work_floors(self.tables, chain, self.target)
+        """`merge_tails.prefix_floors` of the chain followed by k_after in flight (each of its stages holds at
+        least k_after + 1), its parallel items and blocks stepped over as `merge_tails.block_steps`."""
+        fewest = self.tables.fewest_degrees(chain, self.target, k_after + 1)
+        steps = block_steps(self.tables, chain, self.target) if chain.has_parallel else None
+        return prefix_floors(fewest, self.tables.max_v, steps)
 
     # ---- the fork's stage --------------------------------------------------------------------
     def _fork_stage(self, solver: ChainSolver, layout: Layout, shape: _Shape, k_lane: int, side: list[int],

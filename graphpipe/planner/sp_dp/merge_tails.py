@@ -24,7 +24,8 @@ matrix over the pairs (t_0, t_1):
   (settled non-increasing in m; every stage of the prefix holds at least k + 1), so that
   floor[s][v - k] <= need_0[v] of the prefix [0, s) followed by k in flight (it holds k + stages
   at its entry). Where memory does not limit the in-flight counts the two are equal. A chain with
-  parallel items gets `work_floors` instead: its least work over the target.
+  parallel items also steps over each parallel item or fork/join block as one stage on its least work
+  over the target (`block_steps`).
 
 `ForkJoinSolver` adds the floors of a layout's lanes to M's devices and solves exactly only the
 layouts whose floor betters a cell of the block's vector.
@@ -198,10 +199,14 @@ class MergeTable:
         return tps, k_max
 
 
-def prefix_floors(fewest: np.ndarray, max_v: int) -> np.ndarray:
-    """floor[s, m]: fewest devices staging items [0, s) of a chain without parallel items in at most m stages,
-    from `fewest[i, j]` (the fewest degree on which segment [i, j) meets the target and fits one micro-batch,
-    BIG where none does); see the module docstring. Values above BIG are clipped to BIG."""
+Step = tuple[int, int]  # (stop, devices): a staging of items [start, stop) in one stage or more, on at least these
+
+
+def prefix_floors(fewest: np.ndarray, max_v: int, steps: dict[int, list[Step]] | None = None) -> np.ndarray:
+    """floor[s, m]: fewest devices staging items [0, s) in at most m stages, from `fewest[i, j]` (the fewest
+    degree on which segment [i, j) meets the target and holds what it must, BIG where none does) and, for a
+    chain with parallel items, `steps` (`block_steps`: each block as one stage on its least work); see the
+    module docstring. Values above BIG are clipped to BIG."""
     size = fewest.shape[0]
     floors = np.full((size, max_v + 1), BIG, dtype=np.int64)
     floors[0] = 0
@@ -214,26 +219,38 @@ def prefix_floors(fewest: np.ndarray, max_v: int) -> np.ndarray:
         if stops.size:
             reached = np.minimum(row[None, :-1] + fewest[start, stops, None], BIG)
             floors[stops, 1:] = np.minimum(floors[stops, 1:], reached)
+        for stop, devices in (steps or {}).get(start, ()):
+            floors[stop, 1:] = np.minimum(floors[stop, 1:], np.minimum(row[:-1] + devices, BIG))
     floors[-1] = np.minimum.accumulate(floors[-1])
     return floors
 
 
-def work_floors(tables: SizeTables, info: ChainInfo, target_ms: float) -> np.ndarray:
-    """floor[s, m] for any chain (parallel items too): every staging of items [0, s) within the target uses at
-    least one device and one stage, and at least its least work over the target. A stage on d devices meets
-    the target T only if d x its compute at b / d samples per device is at most d x T x b, and its items
-    cost at least their least such work over the degrees, so
+def block_steps(tables: SizeTables, info: ChainInfo, target_ms: float) -> dict[int, list[Step]]:
+    """Per start, what else than a segment the chain DP may stage from there (`Probe._solve_chain`): its parallel
+    item opened (up to the next item) and the fork/join blocks starting there (up to the block's parallel item
+    or its join run's end). Each takes at least one stage, and at least one device and its least work over
+    the target T: a stage on d devices meets T only if d x its compute at b / d samples per device is at most
+    d x T x b, and its items cost at least their least such work over the degrees, so
 
         devices >= sum over items of min over d of d x compute(item, b / d), over T x b."""
     b = tables.micro_batch_size
     per_item = np.min([d1 * np.diff(info.prefix_arrays(b / d1)[0]) for d1 in tables.degrees], axis=0)
-    least = np.zeros(info.num_items + 1)
-    if target_ms < math.inf:  # a hair below the quotient: rounding must not lift a floor above the need
-        least[1:] = np.ceil(np.cumsum(per_item) / (target_ms * b) * (1 - 1e-9))
-    floors = np.repeat(np.maximum(least, 1).astype(np.int64)[:, None], tables.max_v + 1, axis=1)
-    floors[0] = 0
-    floors[1:, 0] = BIG
-    return floors
+    work = np.concatenate(([0.0], np.cumsum(per_item)))
+
+    def least(start: int, stop: int) -> int:
+        if target_ms == math.inf:
+            return 1  # a hair below the quotient: rounding must not lift a floor above the need
+        return max(1, math.ceil(float(work[stop] - work[start]) / (target_ms * b) * (1 - 1e-9)))
+
+    steps: dict[int, list[Step]] = {}
+    for start in range(info.num_items):
+        stops = {start + 1} if info.par_infos[start] is not None else set()
+        block = info.fork_join(start)
+        if block is not None:
+            stops |= {block.par_pos + 1, block.stop}
+        if stops:
+            steps[start] = [(stop, least(start, stop)) for stop in sorted(stops)]
+    return steps
 
 
 def shifted(floors: np.ndarray, ends: np.ndarray, k_after: int) -> np.ndarray:

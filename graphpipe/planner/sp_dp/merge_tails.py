@@ -183,19 +183,20 @@ class MergeTable:
         weights = [np.array(info.param_prefix, dtype=float) for info in (first, second)]
         params = (weights[0][-1] - weights[0][starts0])[:, None] + (weights[1][-1] - weights[1][starts1])[None, :]
         params += sum(model.param_bytes[op] for op in self.join_ops)
-        compute, acts, comm, reduce = [], [], [], []
-        for d1 in tables.degrees:
+        shape = (len(tables.degrees), count0, count1)
+        tps, k_max = np.empty(shape), np.empty(shape, dtype=np.int64)
+        for pos, d1 in enumerate(tables.degrees):  # a degree at a time: a long pair of towers makes large planes
             per_device = b / d1
             (times0, acts0), (times1, acts1) = first.prefix_arrays(per_device), second.prefix_arrays(per_device)
             join_ms, join_act = tables.join_totals(self.join_ops, per_device)
-            compute.append((times0[-1] - times0[starts0])[:, None] + (times1[-1] - times1[starts1])[None, :] + join_ms)
-            acts.append((acts0[-1] - acts0[starts0])[:, None] + (acts1[-1] - acts1[starts1])[None, :] + join_act)
-            comm.append(p2p_ms_array(model.link, messages, num_bytes * per_device))
-            reduce.append(ring_all_reduce_ms_array(all_reduce_link(model.cluster, d1), params, d1))
-        tps = (np.stack(compute) + np.stack(comm)) / b
-        tps += np.stack([np.broadcast_to(r, params.shape) for r in reduce]) / tables.global_batch_size
-        k_max = max_in_flight_micro_batches_array(params[None], np.stack(acts), tables.memory_limit,
-                                                  tables.num_micro_batches, tables.max_v + 1)
+            compute = (times0[-1] - times0[starts0])[:, None] + (times1[-1] - times1[starts1])[None, :] + join_ms
+            plane = compute + p2p_ms_array(model.link, messages, num_bytes * per_device)
+            plane /= b
+            plane += ring_all_reduce_ms_array(all_reduce_link(model.cluster, d1), params, d1) / tables.global_batch_size
+            tps[pos] = plane
+            acts = (acts0[-1] - acts0[starts0])[:, None] + (acts1[-1] - acts1[starts1])[None, :] + join_act
+            k_max[pos] = max_in_flight_micro_batches_array(params, acts, tables.memory_limit,
+                                                           tables.num_micro_batches, tables.max_v + 1)
         return tps, k_max
 
 

@@ -15,17 +15,17 @@ matrix over the pairs (t_0, t_1):
 - `MergeTable` (one size): M's TPS and most micro-batches in flight per degree and pair, then,
   per probe, the tails that meet the target and fit alone (`fork_join`'s docstring) and M's
   fewest devices on every pair (`MergeTable.devices`).
-- `prefix_floors`: a lower bound of every prefix's need vector of a chain without parallel
-  items, in one forward pass: the DP without the memory limit on in-flight micro-batches,
+- `prefix_floors`: a lower bound of the need vector of every prefix [0, s) of a lane's chain
+  followed by k in flight, in one forward pass: the chain DP with every stage holding just k + 1
+  (each really holds k + 1 or more, as many more as stages follow it),
 
       floor[0][m] = 0,   floor[j][m] = min over segments [i, j) within the target that hold
                                         k + 1 micro-batches of floor[i][m - 1] + its fewest degree
 
-  (settled non-increasing in m; every stage of the prefix holds at least k + 1), so that
-  floor[s][v - k] <= need_0[v] of the prefix [0, s) followed by k in flight (it holds k + stages
-  at its entry). Where memory does not limit the in-flight counts the two are equal. A chain with
-  parallel items also steps over each parallel item or fork/join block as one stage on its least work
-  over the target (`block_steps`).
+  settled non-increasing in m, so that floor[s][v - k] <= need_0[v] (the prefix holds k plus its
+  stages at its entry); equal where memory does not limit the in-flight counts. A chain with
+  parallel items also steps over each parallel item or fork/join block as one stage on at least
+  its least work over the target (`block_steps`).
 
 `ForkJoinSolver` adds the floors of a layout's lanes to M's devices and solves exactly only the
 layouts whose floor betters a cell of the block's vector.

@@ -1,6 +1,6 @@
 """Merge stages, every pair of tails at once (`sp_dp.merge_tails`): the boundary matrices are the graph's
-traffic, the prefix floors never exceed the DP's need (and equal it where memory does not bind), and pruning
-merge layouts by their floors changes no plan."""
+traffic, the prefix floors never exceed the DP's need (and equal it where memory does not bind), the prefix needs
+are the DP's, and pruning merge layouts by their floors or writing them from the needs at once changes no plan."""
 
 from __future__ import annotations
 
@@ -13,10 +13,17 @@ from hypothesis import HealthCheck, given, settings
 
 from graphpipe.planner.api import make_request, plan_candidates
 from graphpipe.planner.request import PlanRequest
-from graphpipe.planner.sp_dp import Probe, Search, build_tables, partition_sp
+from graphpipe.planner.sp_dp import Probe, Search, build_tables, fork_join, partition_sp
 from graphpipe.planner.sp_dp.blocks import BIG, MERGE_BRANCHES
 from graphpipe.planner.sp_dp.fork_join import ForkJoinSolver
-from graphpipe.planner.sp_dp.merge_tails import block_steps, merge_boundary, prefix_floors, shifted
+from graphpipe.planner.sp_dp.merge_tails import (
+    block_steps,
+    merge_boundary,
+    needs_after,
+    prefix_floors,
+    prefix_needs,
+    shifted,
+)
 from graphpipe.planner.sp_dp.tables import Block, ChainInfo, ChainTables
 from graphpipe.planner.stage_spec import StageSpec
 from tests.planner.random_sp_graphs import Case, cases
@@ -73,26 +80,29 @@ def _nested_chains(probe: Probe) -> list[ChainInfo]:
 @given(case=cases(shapes=MERGING))
 def test_prefix_floors_bound_the_need_and_equal_it_without_a_memory_limit(case: Case) -> None:
     """On every chain without parallel items, every prefix and every k_after: floor <= need (tight memory) and
-    floor == need (no limit), above the devices read as infeasible; on chains with parallel items (blocks stepped
-    over on their least work), floor <= need."""
+    floor == need (no limit), above the devices read as infeasible, and `prefix_needs` gives the need itself; on
+    chains with parallel items (blocks stepped over on their least work), floor <= need."""
     for limit, equal in ((NO_LIMIT, True), (_tight_limit(case), False)):
         request = _request(case, limit)
         for target in (math.inf, _middling_target(request)):
             probe = _probe(request, target)
             for info in _leaf_chains(probe):
+                held = prefix_needs(probe.tables.fewest_degrees(info, target, np.arange(probe.tables.max_v + 1)))
                 for k_after in range(probe.tables.max_v + 1):
-                    fewest = probe.tables.fewest_degrees(info, target, k_after + 1)
+                    fewest = probe.tables.fewest_degrees(info, target, np.array([k_after + 1]))[0]
                     bounds = shifted(prefix_floors(fewest, probe.tables.max_v), np.arange(info.num_items + 1), k_after)
+                    exact = needs_after(held, k_after, probe.tables.num_devices)
                     for end in range(info.num_items + 1):
                         need = np.array(probe.chain(info, k_after, end).need[0])
                         bound = np.where(bounds[end] <= probe.tables.num_devices, bounds[end], BIG)
                         assert (bound <= need).all(), (end, k_after, bound, need)
                         if equal:
                             assert (bound == need).all(), (end, k_after, bound, need)
+                        assert exact[end].tolist() == need.tolist(), (end, k_after, exact[end], need)
             for info in _nested_chains(probe):
                 steps = block_steps(probe.tables, info, target)
                 for k_after in range(probe.tables.max_v + 1):
-                    fewest = probe.tables.fewest_degrees(info, target, k_after + 1)
+                    fewest = probe.tables.fewest_degrees(info, target, np.array([k_after + 1]))[0]
                     bounds = prefix_floors(fewest, probe.tables.max_v, steps)
                     floors = shifted(bounds, np.arange(info.num_items + 1), k_after)
                     for end in range(info.num_items + 1):
@@ -125,12 +135,20 @@ def _no_floors(self: ForkJoinSolver, chain: ChainInfo, k_after: int) -> np.ndarr
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(case=cases(shapes=MERGING))
 def test_pruning_merge_layouts_changes_no_plan(case: Case) -> None:
+    """The same plans whichever way the merge layouts are written: pruned by their floors and placed one by one
+    (never exact), from the lanes' exact needs at once wherever a block has no fork run (always exact), as the
+    search chooses, and with no floors at all."""
     for limit in (NO_LIMIT, _tight_limit(case)):
-        pruned = _plans(case, limit)
+        chosen = _plans(case, limit)
         with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(fork_join, "EXACT_AFTER", 1 << 30)
+            one_by_one = _plans(case, limit)
+            patch.setattr(fork_join, "EXACT_AFTER", -1)
+            at_once = _plans(case, limit)
+            patch.setattr(fork_join, "EXACT_AFTER", 1 << 30)
             patch.setattr(ForkJoinSolver, "_floors", _no_floors)
             every = _plans(case, limit)
-        assert pruned == every
+        assert chosen == one_by_one == at_once == every
 
 
 def _plans(case: Case, limit: float) -> dict[int, list[list[StageSpec]]]:

@@ -68,7 +68,15 @@ from typing import Protocol
 import numpy as np
 
 from graphpipe.planner.sp_dp.blocks import BIG, MERGE_BRANCHES
-from graphpipe.planner.sp_dp.merge_tails import MergeTables, block_steps, prefix_floors, shifted
+from graphpipe.planner.sp_dp.merge_tails import (
+    EXACT_CELLS,
+    MergeTables,
+    block_steps,
+    needs_after,
+    prefix_floors,
+    prefix_needs,
+    shifted,
+)
 from graphpipe.planner.sp_dp.need import (
     BlockSol,
     ChainSol,
@@ -83,6 +91,8 @@ from graphpipe.planner.sp_dp.need import (
 from graphpipe.planner.sp_dp.size_tables import SizeTables
 from graphpipe.planner.sp_dp.tables import Block, BlockKey, ChainInfo, ChainTables, ParInfo
 from graphpipe.planner.stage_spec import StageSpec
+
+EXACT_AFTER = 6  # lanes to solve above which `ForkJoinSolver._merges` reads every lane's need at once
 
 
 class ChainSolver(Protocol):
@@ -223,6 +233,7 @@ class ForkJoinSolver:
         self.shapes = shapes
         self.merges = merges
         self.floor_memo: dict[tuple[int, int], np.ndarray] = {}  # per chain content and k_after (`_lane_floors`)
+        self.held_memo: dict[int, np.ndarray] = {}  # per chain content, `merge_tails.prefix_needs` (`_lane_needs`)
         self.block_memo: dict[tuple[BlockKey, bool, int], BlockSol] = {}
         self.fork_memo: dict[tuple[int, int], list[tuple[int, int, int]]] = {}  # see `_fork_options`
         self.lane_memo: dict[tuple[int, int, int], dict[int, ForkLane | None]] = {}  # see `_fork_lane`
@@ -241,8 +252,7 @@ class ForkJoinSolver:
 
     def _solve(self, solver: ChainSolver, block: Block, with_join: bool, k_after: int) -> BlockSol:
         """Every layout's side (the lanes without F and the branches left whole), then F's stage where a layout
-        has one (`_fork_stage`); settled like a chain row. Merge layouts come last, only those whose floor
-        betters a cell (`_merge_layouts`)."""
+        has one (`_fork_stage`); settled like a chain row. Merge layouts come last (`_merges`)."""
         max_v = self.tables.max_v
         k_side = k_after + 1 if with_join else k_after
         psol = solver.par(block.pinfo, k_side)
@@ -250,9 +260,8 @@ class ForkJoinSolver:
         chosen: list[LayoutChoice | None] = [None] * (max_v + 1)
         for layout, shape in self.shapes.plain(block, with_join):
             self._place(solver, layout, shape, psol, (k_after, k_side), vec, chosen)
-        if with_join:
-            for layout in self._merge_layouts(block, k_side, psol.need[0], vec):
-                self._place(solver, layout, self.shapes.shape(block, layout), psol, (k_after, k_side), vec, chosen)
+        if with_join and block.join is not None and block.num_branches == MERGE_BRANCHES:
+            self._merges(solver, block, psol, (k_after, k_side), vec, chosen)
         for v in range(1, max_v + 1):
             if vec[v - 1] < vec[v]:
                 vec[v], chosen[v] = vec[v - 1], chosen[v - 1]
@@ -280,20 +289,26 @@ class ForkJoinSolver:
         return solver.chain(lane.chain, k_after, lane.end).need[0]
 
     # ---- merge stages ------------------------------------------------------------------------
-    def _merge_layouts(self, block: Block, k_side: int, base: list[int], vec: list[int]) -> Iterator[Layout]:
-        """The merge layouts that may better a cell of `vec` (the block's vector so far), in the order of the
-        pairs of tails (shortest first) and then of the branch taking F: every pair within the target that
-        fits (see the module docstring) whose floor (`merge_tails`: the lanes' floors, M's devices and the
-        parallel block's base) is below a cell of `vec` within the devices. The vector only decreases, so a
-        layout left out would have written no cell."""
-        if block.join is None or block.num_branches != MERGE_BRANCHES:
-            return
+    def _merges(self, solver: ChainSolver, block: Block, psol: ParSol, counts: tuple[int, int], vec: list[int],
+                chosen: list[LayoutChoice | None]) -> None:
+        """The merge layouts, after the plain ones, as if written one by one in the order of the pairs of tails
+        (shortest first) and then of the branch taking F: every pair within the target that fits (see the module
+        docstring), its side the parallel block's base, the lanes' needs and M's devices.
+
+        Only the pairs whose floor (`merge_tails`: the lanes' floors, M's devices and the base) is below a cell
+        of the vector within the devices are placed (their lanes solved), each tested again as the vector falls;
+        it only decreases, so a layout left out would have written no cell that counts. Without F, where that
+        leaves more lanes to solve than EXACT_AFTER, the lanes' needs come from `merge_tails.prefix_needs`
+        instead, exact, and each cell takes the first pair with the least side, if below it, as the writes one
+        by one would (`_write_merges`)."""
+        assert block.join is not None
+        k_side = counts[1]
         found = self.merges.of(block.pinfo, block.join.ops).devices(self.target, k_side)
         if found is None:
             return
         starts, devices = found[:2], found[2]
         lanes = [self._lane_floors(block, pos, False, starts[pos], k_side) for pos in (0, 1)]
-        least = np.array(base)[None, None, :] + devices[:, :, None]
+        least = np.array(psol.need[0])[None, None, :] + devices[:, :, None]
         cap = self.tables.num_devices
         if block.fork is None:  # cell v costs at least the floor at v (`floors` per cell from v = 0)
             floors, first = [least + lanes[0][:, None, :] + lanes[1][None, :, :]], 0
@@ -306,12 +321,51 @@ class ForkJoinSolver:
             floor[floor > cap] = BIG  # above the devices: no cell it writes counts
         current = np.array(vec[first:])
         better = [(floor < current).any(axis=2) for floor in floors]
-        for t0, t1 in zip(*np.nonzero(np.logical_or.reduce(better))):
+        pairs = np.nonzero(np.logical_or.reduce(better))
+        if block.fork is None and len(set(pairs[0].tolist())) + len(set(pairs[1].tolist())) > EXACT_AFTER:
+            needs = [self._lane_needs(block, pos, starts[pos], k_side) for pos in (0, 1)]
+            if needs[0] is not None and needs[1] is not None:
+                sides = least + needs[0][:, None, :] + needs[1][None, :, :]
+                sides[sides > cap] = BIG
+                self._write_merges(sides, starts, devices, vec, chosen)
+                return
+        for t0, t1 in zip(*pairs):
             merge = (int(starts[0][t0]), int(starts[1][t1]), int(devices[t0, t1]))
             for rf, (floor, hits) in enumerate(zip(floors, better)):
                 # the vector has only gone down since `better`: test the floor again against it
                 if hits[t0, t1] and any(low < now for low, now in zip(floor[t0, t1].tolist(), vec[first:])):
-                    yield Layout(None if block.fork is None else rf, None, merge)
+                    layout = Layout(None if block.fork is None else rf, None, merge)
+                    self._place(solver, layout, self.shapes.shape(block, layout), psol, counts, vec, chosen)
+
+    @staticmethod
+    def _write_merges(sides: np.ndarray, starts: tuple[np.ndarray, ...], devices: np.ndarray, vec: list[int],
+                      chosen: list[LayoutChoice | None]) -> None:
+        """Per cell, the first pair of tails (in the pairs' order) with the least exact side, where below the cell."""
+        flat = sides.reshape(-1, sides.shape[2])
+        best = flat.argmin(axis=0)  # the first occurrence: pairs in order, shortest tails first
+        least = flat[best, np.arange(flat.shape[1])]
+        layouts: dict[int, Layout] = {}
+        for v in np.flatnonzero(least < np.array(vec)).tolist():
+            pair = int(best[v])
+            layout = layouts.get(pair)
+            if layout is None:
+                t0, t1 = divmod(pair, sides.shape[1])
+                layout = layouts[pair] = Layout(None, None, (int(starts[0][t0]), int(starts[1][t1]),
+                                                             int(devices[t0, t1])))
+            vec[v], chosen[v] = int(least[v]), (layout, None)
+
+    def _lane_needs(self, block: Block, pos: int, starts: np.ndarray, k_side: int) -> np.ndarray | None:
+        """Per tail start s, the need vector of items [0, s) of branch `pos` given k_side after it, from
+        `merge_tails.prefix_needs` (None: the branch has parallel items, or its table would exceed EXACT_CELLS)."""
+        chain = self.shapes.chains.extended(block, pos, False, False)
+        counts = self.tables.max_v + 1
+        if chain.has_parallel or counts * counts * (chain.num_items + 1) > EXACT_CELLS:
+            return None
+        held = self.held_memo.get(chain.content)
+        if held is None:
+            fewest = self.tables.fewest_degrees(chain, self.target, np.arange(counts))
+            held = self.held_memo[chain.content] = prefix_needs(fewest)
+        return np.asarray(needs_after(held, k_side, self.tables.num_devices)[starts])
 
     def _lane_floors(self, block: Block, pos: int, with_fork: bool, starts: np.ndarray, k_side: int) -> np.ndarray:
         """Per tail start s, the floor of the need vector of the lane that feeds M from branch `pos`: items
@@ -326,7 +380,7 @@ class ForkJoinSolver:
     def _floors(self, chain: ChainInfo, k_after: int) -> np.ndarray:
         """`merge_tails.prefix_floors` of the chain followed by k_after in flight (each of its stages holds at
         least k_after + 1), its parallel items and blocks stepped over as `merge_tails.block_steps`."""
-        fewest = self.tables.fewest_degrees(chain, self.target, k_after + 1)
+        fewest = self.tables.fewest_degrees(chain, self.target, np.array([k_after + 1]))[0]
         steps = block_steps(self.tables, chain, self.target) if chain.has_parallel else None
         return prefix_floors(fewest, self.tables.max_v, steps)
 

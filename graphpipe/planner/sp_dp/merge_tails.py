@@ -27,8 +27,13 @@ matrix over the pairs (t_0, t_1):
   parallel items also steps over each parallel item or fork/join block as one stage on at least
   its least work over the target (`block_steps`).
 
+- `prefix_needs`: the need vectors themselves, of every prefix of a chain without parallel items
+  and for every k, in one forward pass over every entry count at once; its table grows with the
+  square of the devices, so it is built only where many layouts pass their floors.
+
 `ForkJoinSolver` adds the floors of a layout's lanes to M's devices and solves exactly only the
-layouts whose floor betters a cell of the block's vector.
+layouts whose floor betters a cell of the block's vector; where that leaves many, it reads the
+lanes' needs from `prefix_needs` and writes the block's vector from all pairs at once.
 """
 
 from __future__ import annotations
@@ -261,6 +266,45 @@ def shifted(floors: np.ndarray, ends: np.ndarray, k_after: int) -> np.ndarray:
     if k_after < floors.shape[1]:
         out[:, k_after:] = floors[ends, :floors.shape[1] - k_after]
     return out
+
+
+EXACT_CELLS = 1 << 21  # `prefix_needs` where its table (in-flight counts squared x items) is at most this
+
+
+def prefix_needs(fewest: np.ndarray) -> np.ndarray:
+    """held[e, s, w]: fewest devices staging items [0, s) of a chain without parallel items so that its first
+    stage holds e micro-batches in flight, each next stage one fewer, and what follows holds w, from
+    `fewest[w, i, j]` (the fewest degree on which segment [i, j) meets the target and holds its weights and w
+    micro-batches, BIG where none does). Forward over the starts, every entry count at once:
+
+        held[e, 0, e] = 0,   held[e, j, w - 1] = min over i < j of held[e, i, w] + fewest[w, i, j]
+
+    The chain DP's need vector of prefix [0, s) followed by k is min over e <= v of held[e, s, k]
+    (`needs_after`): a stage n stages from the end holds exactly k + n there (`Probe._solve_chain`), so
+    these are its numbers, for every prefix and every k at once."""
+    counts, size = fewest.shape[0], fewest.shape[1]
+    held = np.full((counts, size, counts), BIG, dtype=np.int64)
+    held[np.arange(counts), 0, np.arange(counts)] = 0
+    for start in range(size - 1):
+        row = held[:, start, 1:]  # the stage from `start` holds w = 1 ..
+        if row.min() >= BIG:
+            continue
+        reach = fewest[1:, start, start + 1:]  # (w, stop)
+        stops = np.flatnonzero(reach.min(axis=0) < BIG)
+        if stops.size:
+            reached = np.minimum(row[:, None, :] + reach[:, stops].T[None, :, :], BIG)
+            ends = stops + start + 1
+            held[:, ends, :-1] = np.minimum(held[:, ends, :-1], reached)
+    return held
+
+
+def needs_after(held: np.ndarray, k_after: int, num_devices: int) -> np.ndarray:
+    """Per end s, the need vector of prefix [0, s) followed by k_after in flight (`prefix_needs`)."""
+    if k_after >= held.shape[2]:
+        return np.full((held.shape[1], held.shape[0]), BIG, dtype=np.int64)
+    needs = np.minimum.accumulate(held[:, :, k_after], axis=0).T
+    needs[needs > num_devices] = BIG
+    return np.ascontiguousarray(needs)
 
 
 class MergeTables:

@@ -258,15 +258,15 @@ class SizeTables:
             self._totals[key] = hit
         return hit
 
-    def fewest_degrees(self, info: ChainInfo, target_ms: float, held: int) -> np.ndarray:
-        """Per segment [i, j), the fewest degree on which it meets the target and holds its weights and `held`
-        micro-batches in flight (BIG where none does): the least a stage of it costs wherever it holds at least
-        that many (`merge_tails.prefix_floors`)."""
+    def fewest_degrees(self, info: ChainInfo, target_ms: float, held: np.ndarray) -> np.ndarray:
+        """Per count w of `held` and segment [i, j), the fewest degree on which the segment meets the target and
+        holds its weights and w micro-batches in flight (BIG where none does): what a stage of it costs where it
+        holds w (`merge_tails.prefix_needs`), or at least w (`merge_tails.prefix_floors`)."""
         _, tps, k_max, fits = self._table(info)
         meets = tps <= target_ms
         meets &= fits
-        meets &= k_max >= held
-        return np.where(meets.any(axis=0), np.array(self.degrees)[meets.argmax(axis=0)], BIG)
+        holds = meets[None] & (k_max[None] >= held[:, None, None, None])
+        return np.where(holds.any(axis=1), np.array(self.degrees)[holds.argmax(axis=1)], BIG)
 
     def join_totals(self, join_ops: tuple[str, ...], per_device_batch: float) -> tuple[float, float]:
         """(fwd + bwd ms, activation bytes) of a join run at `per_device_batch` samples, cached."""

@@ -284,8 +284,14 @@ class ForkJoinSolver:
         self._fork_stage(solver, layout, shape, k_side if shape.fork.at_side else k_after, side, vec, chosen)
 
     def _lane_need(self, solver: ChainSolver, lane: _Lane, k_after: int) -> list[int]:
+        """The lane's need vector: a prefix whose chain has a `merge_tails.prefix_needs` table is read from it
+        (the same numbers, `_lane_needs`), anything else solved."""
         if lane.chain is None:
             return [0 if v >= k_after else BIG for v in range(self.tables.max_v + 1)]
+        held = self.held_memo.get(lane.chain.content) if lane.end is not None else None
+        if held is not None:
+            row: list[int] = needs_after(held, k_after, self.tables.num_devices)[lane.end].tolist()
+            return row
         return solver.chain(lane.chain, k_after, lane.end).need[0]
 
     # ---- merge stages ------------------------------------------------------------------------
@@ -297,38 +303,30 @@ class ForkJoinSolver:
 
         Only the pairs whose floor (`merge_tails`: the lanes' floors, M's devices and the base) is below a cell
         of the vector within the devices are placed (their lanes solved), each tested again as the vector falls;
-        it only decreases, so a layout left out would have written no cell that counts. Without F, where that
-        leaves more lanes to solve than EXACT_AFTER, the lanes' needs come from `merge_tails.prefix_needs`
-        instead, exact, and each cell takes the first pair with the least side, if below it, as the writes one
-        by one would (`_write_merges`)."""
+        it only decreases, so a layout left out would have written no cell that counts. Where that leaves more
+        lanes to solve than EXACT_AFTER, the lanes of branches without parallel items get their exact needs
+        (`_lane_needs`), which tighten the floors and are read instead of solved; with both exact and no F,
+        each cell takes the first pair with the least side, if below it, as the writes one by one would
+        (`_write_merges`)."""
         assert block.join is not None
         k_side = counts[1]
         found = self.merges.of(block.pinfo, block.join.ops).devices(self.target, k_side)
         if found is None:
             return
         starts, devices = found[:2], found[2]
-        lanes = [self._lane_floors(block, pos, False, starts[pos], k_side) for pos in (0, 1)]
         least = np.array(psol.need[0])[None, None, :] + devices[:, :, None]
-        cap = self.tables.num_devices
-        if block.fork is None:  # cell v costs at least the floor at v (`floors` per cell from v = 0)
-            floors, first = [least + lanes[0][:, None, :] + lanes[1][None, :, :]], 0
-        else:  # F's stage opens lane r_f: cell u + 1 costs at least that lane's floor at u + 1 plus the rest at u
-            forks = [self._lane_floors(block, pos, True, starts[pos], k_side) for pos in (0, 1)]
-            floors = [forks[0][:, None, 1:] + (least + lanes[1][None, :, :])[..., :-1],
-                      forks[1][None, :, 1:] + (least + lanes[0][:, None, :])[..., :-1]]
-            first = 1
-        for floor in floors:
-            floor[floor > cap] = BIG  # above the devices: no cell it writes counts
-        current = np.array(vec[first:])
-        better = [(floor < current).any(axis=2) for floor in floors]
+        lanes: list[np.ndarray | None] = [None, None]
+        floors, better = self._merge_floors(block, starts, least, k_side, lanes, vec)
         pairs = np.nonzero(np.logical_or.reduce(better))
-        if block.fork is None and len(set(pairs[0].tolist())) + len(set(pairs[1].tolist())) > EXACT_AFTER:
-            needs = [self._lane_needs(block, pos, starts[pos], k_side) for pos in (0, 1)]
-            if needs[0] is not None and needs[1] is not None:
-                sides = least + needs[0][:, None, :] + needs[1][None, :, :]
-                sides[sides > cap] = BIG
-                self._write_merges(sides, starts, devices, vec, chosen)
+        if len(set(pairs[0].tolist())) + len(set(pairs[1].tolist())) > EXACT_AFTER:
+            lanes = [self._lane_needs(block, pos, starts[pos], k_side) for pos in (0, 1)]
+            exact = [lane for lane in lanes if lane is not None]
+            if block.fork is None and len(exact) == 2:
+                self._write_merges(self._sides(least, exact), starts, devices, vec, chosen)
                 return
+            floors, better = self._merge_floors(block, starts, least, k_side, lanes, vec)
+            pairs = np.nonzero(np.logical_or.reduce(better))
+        first = 0 if block.fork is None else 1
         for t0, t1 in zip(*pairs):
             merge = (int(starts[0][t0]), int(starts[1][t1]), int(devices[t0, t1]))
             for rf, (floor, hits) in enumerate(zip(floors, better)):
@@ -336,6 +334,31 @@ class ForkJoinSolver:
                 if hits[t0, t1] and any(low < now for low, now in zip(floor[t0, t1].tolist(), vec[first:])):
                     layout = Layout(None if block.fork is None else rf, None, merge)
                     self._place(solver, layout, self.shapes.shape(block, layout), psol, counts, vec, chosen)
+
+    def _merge_floors(self, block: Block, starts: tuple[np.ndarray, ...], least: np.ndarray, k_side: int,
+                      exact: list[np.ndarray | None], vec: list[int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per layout kind (one without F, else one per branch taking F), the floor of every pair's cells, and
+        which pairs' floors are below a cell of `vec`. `least` is the base plus M's devices; a lane's floor is
+        its exact need where `exact` has it."""
+        lanes = [lane if lane is not None else self._lane_floors(block, pos, False, starts[pos], k_side)
+                 for pos, lane in enumerate(exact)]
+        if block.fork is None:  # cell v costs at least the floor at v
+            floors = [self._sides(least, lanes)]
+        else:  # F's stage opens lane r_f: cell u + 1 costs at least that lane's floor at u + 1 plus the rest at u
+            forks = [self._lane_floors(block, pos, True, starts[pos], k_side) for pos in (0, 1)]
+            floors = [forks[0][:, None, 1:] + (least + lanes[1][None, :, :])[..., :-1],
+                      forks[1][None, :, 1:] + (least + lanes[0][:, None, :])[..., :-1]]
+        cap = self.tables.num_devices
+        for floor in floors:
+            floor[floor > cap] = BIG  # above the devices: no cell it writes counts
+        current = np.array(vec[0 if block.fork is None else 1:])
+        return floors, [np.asarray((floor < current).any(axis=2)) for floor in floors]
+
+    def _sides(self, least: np.ndarray, lanes: list[np.ndarray]) -> np.ndarray:
+        """Per pair of tails and cell, `least` plus both lanes (above the devices: BIG)."""
+        sides = np.asarray(least + lanes[0][:, None, :] + lanes[1][None, :, :])
+        sides[sides > self.tables.num_devices] = BIG
+        return sides
 
     @staticmethod
     def _write_merges(sides: np.ndarray, starts: tuple[np.ndarray, ...], devices: np.ndarray, vec: list[int],

@@ -38,8 +38,9 @@ widest degree, their weights, gradients and Adam state within the memory limit (
 only cost more). Every pair of tails is costed at once (`merge_tails`: M's devices per pair as a
 matrix), and a pair is solved exactly (a prefix solve of each branch, its own tables cut at
 the tail: `Probe.chain(..., end=)`) only when its floor, the lanes' `merge_tails.prefix_floors`
-plus M's devices, betters a cell of the block's vector: almost none do. Two branches only: with
-more, the tails of every pair would multiply the DP's work.
+plus M's devices, betters a cell of the block's vector: almost none do. Where many do (memory
+binds), the branches' prefix needs come from `merge_tails.prefix_needs` instead (`_merges`). Two
+branches only: with more, the tails of every pair would multiply the DP's work.
 
 Nesting. A block's need vector depends on its parallel block, the ops of F and J and k_after
 only, so it is memoised by those (`tables.Block.key`), as are the extended chains (per branch

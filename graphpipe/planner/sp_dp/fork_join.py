@@ -72,6 +72,7 @@ from graphpipe.planner.sp_dp.blocks import BIG, MERGE_BRANCHES
 from graphpipe.planner.sp_dp.merge_tails import (
     EXACT_CELLS,
     MergeTables,
+    Step,
     block_steps,
     needs_after,
     prefix_floors,
@@ -235,6 +236,8 @@ class ForkJoinSolver:
         self.merges = merges
         self.floor_memo: dict[tuple[int, int], np.ndarray] = {}  # per chain content and k_after (`_lane_floors`)
         self.held_memo: dict[int, np.ndarray] = {}  # per chain content, `merge_tails.prefix_needs` (`_lane_needs`)
+        self.needs_memo: dict[tuple[int, int], np.ndarray] = {}  # per chain content and k_after (`_needs`)
+        self.steps_memo: dict[int, dict[int, list[Step]]] = {}  # per chain content, `merge_tails.block_steps`
         self.block_memo: dict[tuple[BlockKey, bool, int], BlockSol] = {}
         self.fork_memo: dict[tuple[int, int], list[tuple[int, int, int]]] = {}  # see `_fork_options`
         self.lane_memo: dict[tuple[int, int, int], dict[int, ForkLane | None]] = {}  # see `_fork_lane`
@@ -289,11 +292,23 @@ class ForkJoinSolver:
         (the same numbers, `_lane_needs`), anything else solved."""
         if lane.chain is None:
             return [0 if v >= k_after else BIG for v in range(self.tables.max_v + 1)]
-        held = self.held_memo.get(lane.chain.content) if lane.end is not None else None
-        if held is not None:
-            row: list[int] = needs_after(held, k_after, self.tables.num_devices)[lane.end].tolist()
+        needs = self._needs(lane.chain.content, k_after) if lane.end is not None else None
+        if needs is not None:
+            row: list[int] = needs[lane.end].tolist()
             return row
         return solver.chain(lane.chain, k_after, lane.end).need[0]
+
+    def _needs(self, content: int, k_after: int) -> np.ndarray | None:
+        """Per end, the prefix need vectors of the chain `content` given k_after, where its `prefix_needs` table
+        was built (`_lane_needs`), else None; memoised per k_after."""
+        key = (content, k_after)
+        hit = self.needs_memo.get(key)
+        if hit is None:
+            held = self.held_memo.get(content)
+            if held is None:
+                return None
+            hit = self.needs_memo[key] = needs_after(held, k_after, self.tables.num_devices)
+        return hit
 
     # ---- merge stages ------------------------------------------------------------------------
     def _merges(self, solver: ChainSolver, block: Block, psol: ParSol, counts: tuple[int, int], vec: list[int],
@@ -385,11 +400,12 @@ class ForkJoinSolver:
         counts = self.tables.max_v + 1
         if chain.has_parallel or counts * counts * (chain.num_items + 1) > EXACT_CELLS:
             return None
-        held = self.held_memo.get(chain.content)
-        if held is None:
+        if chain.content not in self.held_memo:
             fewest = self.tables.fewest_degrees(chain, self.target, np.arange(counts))
-            held = self.held_memo[chain.content] = prefix_needs(fewest)
-        return np.asarray(needs_after(held, k_side, self.tables.num_devices)[starts])
+            self.held_memo[chain.content] = prefix_needs(fewest)
+        needs = self._needs(chain.content, k_side)
+        assert needs is not None
+        return np.asarray(needs[starts])
 
     def _lane_floors(self, block: Block, pos: int, with_fork: bool, starts: np.ndarray, k_side: int) -> np.ndarray:
         """Per tail start s, the floor of the need vector of the lane that feeds M from branch `pos`: items
@@ -405,7 +421,11 @@ class ForkJoinSolver:
         """`merge_tails.prefix_floors` of the chain followed by k_after in flight (each of its stages holds at
         least k_after + 1), its parallel items and blocks stepped over as `merge_tails.block_steps`."""
         fewest = self.tables.fewest_degrees(chain, self.target, np.array([k_after + 1]))[0]
-        steps = block_steps(self.tables, chain, self.target) if chain.has_parallel else None
+        steps = None
+        if chain.has_parallel:  # the same for every k_after
+            steps = self.steps_memo.get(chain.content)
+            if steps is None:
+                steps = self.steps_memo[chain.content] = block_steps(self.tables, chain, self.target)
         return prefix_floors(fewest, self.tables.max_v, steps)
 
     # ---- the fork's stage --------------------------------------------------------------------

@@ -46,7 +46,7 @@ import numpy as np
 from graphpipe.cost.formulas.communication import p2p_ms_array, ring_all_reduce_ms_array
 from graphpipe.cost.formulas.memory import OPTIMIZER_STATE_FACTOR, max_in_flight_micro_batches_array
 from graphpipe.planner.sp_dp.blocks import BIG
-from graphpipe.planner.sp_dp.size_tables import SizeTables
+from graphpipe.planner.sp_dp.size_tables import SizeTables, fewest_degree
 from graphpipe.planner.sp_dp.tables import ChainInfo, ParInfo
 from graphpipe.planner.stage_cost import all_reduce_link
 
@@ -168,8 +168,7 @@ class MergeTable:
         meets = tps[:, :count0, :count1] <= target_ms
         meets &= k_max[:, :count0, :count1] >= k_side
         meets &= pair
-        degrees = np.array(self.tables.degrees)
-        fewest = np.where(meets.any(axis=0), degrees[meets.argmax(axis=0)], BIG)
+        fewest = fewest_degree(meets, self.tables.degrees, axis=0)
         return self.starts[0][:count0], self.starts[1][:count1], fewest
 
     def _costs(self, count0: int, count1: int) -> tuple[np.ndarray, np.ndarray]:

@@ -38,6 +38,11 @@ from graphpipe.planner.sp_dp.tables import ChainInfo, ParInfo
 from graphpipe.planner.stage_cost import CostModel, all_reduce_link
 
 
+def fewest_degree(meets: np.ndarray, degrees: tuple[int, ...], axis: int) -> np.ndarray:
+    """Along `axis` (the degrees, fewest first), the first degree where `meets` holds, BIG where none does."""
+    return np.where(meets.any(axis=axis), np.array(degrees)[meets.argmax(axis=axis)], BIG)
+
+
 def divisors_up_to(value: int, limit: int) -> tuple[int, ...]:
     """Data-parallel degrees a stage with micro-batch `value` may use: divisors of it, at most `limit`."""
     return tuple(d for d in range(1, min(value, limit) + 1) if value % d == 0)
@@ -266,7 +271,7 @@ class SizeTables:
         meets = tps <= target_ms
         meets &= fits
         holds = meets[None] & (k_max[None] >= held[:, None, None, None])
-        return np.where(holds.any(axis=1), np.array(self.degrees)[holds.argmax(axis=1)], BIG)
+        return fewest_degree(holds, self.degrees, axis=1)
 
     def join_totals(self, join_ops: tuple[str, ...], per_device_batch: float) -> tuple[float, float]:
         """(fwd + bwd ms, activation bytes) of a join run at `per_device_batch` samples, cached."""

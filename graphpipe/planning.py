@@ -19,7 +19,7 @@ import functools
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from graphpipe.cost.cluster import Cluster
 from graphpipe.cost.cost_table import CostTable
@@ -33,9 +33,6 @@ from graphpipe.planner.notes import batch_coupling_notes
 from graphpipe.planner.options import PlanOptions, plan_options
 from graphpipe.stages.stage_graph import Plan
 from graphpipe.stages.validate import check_runtime_rules
-
-if TYPE_CHECKING:
-    from graphpipe.simulation.result import SimResult
 
 __all__ = ["plan"]
 
@@ -120,9 +117,9 @@ def _plan_at(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_si
         ranked = _best_simulated(candidates, costs, cluster, beat_s)
         if ranked is None:
             return None
-        iteration_s, best, result = ranked
-        best = dataclasses.replace(best, predicted_iteration_s=iteration_s,
-                                   predicted_samples_per_s=result.samples_per_s)
+        iteration_s, best = ranked
+        samples_per_s = best.global_batch_size / iteration_s if iteration_s > 0 else 0.0
+        best = dataclasses.replace(best, predicted_iteration_s=iteration_s, predicted_samples_per_s=samples_per_s)
     try:
         check_runtime_rules(best, graph)
     except PlanValidationError as err:
@@ -142,26 +139,30 @@ def _using_all(candidates: Sequence[Plan], num_devices: int, planner: str) -> tu
 
 
 def _best_simulated(candidates: Sequence[Plan], costs: CostTable, cluster: Cluster,
-                    beat_s: float = math.inf) -> tuple[float, Plan, SimResult] | None:
-    """(simulated iteration seconds, plan, result) of the fastest candidate; ties go to the smaller TPS, then
-    to the earlier candidate. Candidates are simulated by increasing lower bound
-    (`iteration_lower_bound_s`), and those whose bound is above the best iteration so far, or above
-    `beat_s`, are skipped: they could not win, and they are the slow ones to simulate (many micro-batches).
-    None when every bound is above `beat_s`."""
-    from graphpipe.simulation.simulator import iteration_lower_bound_s, simulate
+                    beat_s: float = math.inf) -> tuple[float, Plan] | None:
+    """(simulated iteration seconds, plan) of the fastest candidate; ties go to the smaller TPS, then to the
+    earlier candidate. Candidates are simulated by increasing lower bound (`iteration_lower_bound_s`), and
+    those whose bound is above the best iteration so far, or above `beat_s`, are skipped: they could not
+    win, and they are the slow ones to simulate (many micro-batches). A simulation also stops as soon as
+    its iteration is certain to be longer than the best so far (`iteration_time_s`). None when every
+    bound is above `beat_s`."""
+    from graphpipe.simulation.simulator import iteration_lower_bound_s, iteration_time_s
 
     bounds = sorted((iteration_lower_bound_s(c, costs, cluster), idx) for idx, c in enumerate(candidates))
-    best: tuple[tuple[float, float, int], Plan, SimResult] | None = None
+    best: tuple[tuple[float, float, int], Plan] | None = None
     for bound, idx in bounds:
-        if bound > min(beat_s, best[0][0] if best is not None else math.inf) * (1 + BOUND_SLACK):
+        to_beat = min(beat_s, best[0][0] if best is not None else math.inf) * (1 + BOUND_SLACK)
+        if bound > to_beat:
             break  # sorted: no later candidate can win either
         candidate = candidates[idx]
-        result = simulate(candidate, costs, cluster, schedule=candidate.schedule)
-        key = (result.iteration_time_s, candidate.predicted_tps_ms, idx)
+        iteration_s = iteration_time_s(candidate, costs, cluster, candidate.schedule, to_beat)
+        if iteration_s is None:
+            continue
+        key = (iteration_s, candidate.predicted_tps_ms, idx)
         if best is None or key < best[0]:
-            best = (key, candidate, result)
+            best = (key, candidate)
     if best is None:
         if math.isinf(beat_s):
             raise PlanningError("no candidate plan to rank")
         return None
-    return best[0][0], best[1], best[2]
+    return best[0][0], best[1]

@@ -81,6 +81,8 @@ class ActionKind(str, Enum):
 
     _value_: str
     traits: Traits
+    _payload: Payload | None  # derived once per kind: actions read these on every construction
+    _numbered: bool
 
     FORWARD = "F", Traits(compute=Compute.FORWARD, consumes=Payload.ACTIVATION, produces=Payload.ACTIVATION)
     BACKWARD = "B", Traits(compute=Compute.BACKWARD, consumes=Payload.GRADIENT, produces=Payload.GRADIENT)
@@ -95,6 +97,8 @@ class ActionKind(str, Enum):
         member = str.__new__(cls, code)
         member._value_ = code
         member.traits = traits
+        member._payload = traits.sends or traits.receives
+        member._numbered = traits.compute is not None or member._payload is not None
         return member
 
     @property
@@ -134,7 +138,7 @@ class ActionKind(str, Enum):
     @property
     def payload(self) -> Payload | None:
         """What a send or receive carries; None for other kinds."""
-        return self.traits.sends or self.traits.receives
+        return self._payload
 
     @property
     def direction(self) -> str:
@@ -167,7 +171,7 @@ class ActionKind(str, Enum):
     @property
     def has_micro_batch(self) -> bool:
         """Computes and messages carry a micro-batch (or message) number; AR and STEP do not."""
-        return self.is_compute or self.is_message
+        return self._numbered
 
 
 def send_kind(payload: Payload) -> ActionKind:
@@ -225,11 +229,11 @@ class Action:
     peer: int = -1  # the other stage of a send or receive
 
     def __post_init__(self) -> None:
-        code = self.kind.code
-        if self.kind.has_micro_batch != (self.micro_batch >= 0):
-            raise ScheduleError(f"action {code} on stage {self.stage}: micro-batch {self.micro_batch}")
-        if self.kind.is_message != (self.peer >= 0):
-            raise ScheduleError(f"action {code} on stage {self.stage}: peer {self.peer}")
+        kind = self.kind
+        if kind._numbered != (self.micro_batch >= 0):
+            raise ScheduleError(f"action {kind.code} on stage {self.stage}: micro-batch {self.micro_batch}")
+        if (kind._payload is not None) != (self.peer >= 0):
+            raise ScheduleError(f"action {kind.code} on stage {self.stage}: peer {self.peer}")
 
     def __str__(self) -> str:
         code = self.kind.code

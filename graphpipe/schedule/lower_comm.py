@@ -32,6 +32,8 @@ from graphpipe.schedule.messages import messages_of
 from graphpipe.schedule.schedule import Schedule
 from graphpipe.stages.stage_graph import Plan
 
+Edges = dict[ActionKind, tuple[ActionKind, list[tuple[int, int]]]]  # per message kind: `_edges`
+
 
 def lower_comm(plan: Plan, compute: Mapping[int, Sequence[Action]], kind: str) -> Schedule:
     """The full schedule: `compute` (per stage, compute actions only) with communication inserted."""
@@ -42,26 +44,34 @@ def lower_comm(plan: Plan, compute: Mapping[int, Sequence[Action]], kind: str) -
 
 def _lower_stage(plan: Plan, idx: int, compute: Sequence[Action]) -> tuple[Action, ...]:
     out: list[Action] = []
+    edges: Edges = {}
     for action in compute:
         kind = action.kind
         if not kind.is_compute:
             raise ScheduleError(f"lowering takes compute actions only, got {action}")
         if kind.consumes is not None:
-            out += _comm(plan, idx, action.micro_batch, recv_kind(kind.consumes))
+            _comm(out, idx, action.micro_batch, _edges(plan, idx, recv_kind(kind.consumes), edges))
         out.append(action)
         if kind.produces is not None:
-            out += _comm(plan, idx, action.micro_batch, send_kind(kind.produces))
+            _comm(out, idx, action.micro_batch, _edges(plan, idx, send_kind(kind.produces), edges))
     out += [Action(stage=idx, kind=ActionKind.ALL_REDUCE), Action(stage=idx, kind=ActionKind.STEP)]
     return tuple(out)
 
 
-def _comm(plan: Plan, idx: int, micro_batch: int, kind: ActionKind) -> list[Action]:
-    """One `kind` action per message of `micro_batch` on each edge to the peers `kind` talks to."""
-    upstream = kind.peer_is_upstream
-    peers = plan.predecessors[idx] if upstream else plan.successors[idx]
-    out: list[Action] = []
-    for peer in peers:
-        src, dst = (peer, idx) if upstream else (idx, peer)
-        out += [Action(stage=idx, kind=kind, micro_batch=n, peer=peer)
-                for n in messages_of(plan, idx, micro_batch, src, dst)]
-    return out
+def _edges(plan: Plan, idx: int, kind: ActionKind, known: Edges) -> tuple[ActionKind, list[tuple[int, int]]]:
+    """`kind` and (peer, messages per micro-batch of `idx`) of each edge it talks on, in peer order; memoised
+    in `known`, since a schedule lowers thousands of micro-batches on the same edges."""
+    if kind not in known:
+        upstream = kind.peer_is_upstream
+        peers = plan.predecessors[idx] if upstream else plan.successors[idx]
+        known[kind] = (kind, [(peer, len(messages_of(plan, idx, 0, *((peer, idx) if upstream else (idx, peer)))))
+                              for peer in peers])
+    return known[kind]
+
+
+def _comm(out: list[Action], idx: int, micro_batch: int, edges: tuple[ActionKind, list[tuple[int, int]]]) -> None:
+    """Append one action of the kind of `edges` (`_edges`) per message of `micro_batch` on each of its edges."""
+    kind, peers = edges
+    for peer, per_micro in peers:
+        first = micro_batch * per_micro
+        out += [Action(stage=idx, kind=kind, micro_batch=n, peer=peer) for n in range(first, first + per_micro)]

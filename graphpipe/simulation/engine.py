@@ -14,13 +14,18 @@ at a time, always of the stage that is ready earliest, so that cores go to reque
 order. Otherwise each stage runs ahead as far as it can (faster, and the same times).
 
 The lists are first compiled to plain tuples (durations and message keys resolved
-once), because the planner simulates many candidate plans.
+once), because the planner simulates many candidate plans. A planner ranking candidates
+needs only the iteration time (`iteration_ms`): the engine then records no events and
+stops as soon as some stage's clock plus the compute still ahead of it passes the time
+to beat (the stage's clock only moves forward, by at least each action's duration).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import accumulate
 
 from graphpipe.cost.cluster import Cluster
 from graphpipe.errors import ScheduleError
@@ -35,10 +40,11 @@ from graphpipe.stages.stage_cost import StageCost
 from graphpipe.stages.stage_graph import Plan
 
 _RUN, _SEND, _RECV = 0, 1, 2
+_DIRECTION = {kind: kind.direction for kind in ActionKind if kind.is_message}
 
 Slot = tuple[int, int]  # (stage, position in its list)
 MessageKey = tuple[int, int, str, int]  # (sender stage, receiver stage, "F" or "B", message)
-Op = tuple[int, float, MessageKey | None, str, str, int]  # code, duration, key, text, event kind, micro-batch
+Op = tuple[int, float, MessageKey | None, Action, str, int]  # code, duration, key, action, event kind, micro-batch
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,15 +58,45 @@ class Run:
 
 def run_schedule(plan: Plan, schedule: Schedule, costs: Mapping[int, StageCost], cluster: Cluster) -> Run:
     """Simulate one iteration of `schedule`; raise `ScheduleError` (with the grid) on a deadlock."""
+    engine = _engine(plan, schedule, costs, cluster)
+    engine.run(schedule)
+    return Run(events=tuple(sorted(engine.events, key=lambda e: (e.start_ms, e.stage, e.end_ms))),
+               cause=engine.cause, end_ms=engine.end_ms)
+
+
+def iteration_ms(plan: Plan, schedule: Schedule, costs: Mapping[int, StageCost], cluster: Cluster,
+                 beat_ms: float = math.inf) -> float | None:
+    """`run_schedule`'s iteration (the last action's end) without its record, or None as soon as it is
+    certain to end after `beat_ms` (see the module docstring)."""
+    engine = _engine(plan, schedule, costs, cluster, record=False, beat_ms=beat_ms)
+    try:
+        engine.run(schedule)
+    except _BeatenError:
+        return None
+    return max(engine.clock.values(), default=0.0)
+
+
+def _engine(plan: Plan, schedule: Schedule, costs: Mapping[int, StageCost], cluster: Cluster,
+            record: bool = True, beat_ms: float = math.inf) -> _Engine:
     compiled = {stage: _compile(plan, stage, actions, costs[stage], cluster)
                 for stage, actions in schedule.actions.items()}
     cores = CorePool(plan, cluster) if cores_are_shared(plan, cluster) else None
-    return _Engine(plan, compiled, cores).run(schedule)
+    return _Engine(plan, compiled, cores, record, beat_ms)
+
+
+class _BeatenError(Exception):
+    """Raised inside `iteration_ms` when the iteration is certain to end after the time to beat."""
 
 
 class _Engine:
-    def __init__(self, plan: Plan, compiled: Mapping[int, list[Op]], cores: CorePool | None = None) -> None:
+    def __init__(self, plan: Plan, compiled: Mapping[int, list[Op]], cores: CorePool | None = None,
+                 record: bool = True, beat_ms: float = math.inf) -> None:
         self.plan, self.compiled, self.cores = plan, compiled, cores
+        self.record, self.beat_ms = record, beat_ms
+        # per stage, the compute still ahead of each position (core stretch only lengthens it)
+        self.ahead_ms = {} if math.isinf(beat_ms) else {
+            stage: list(accumulate((op[1] if op[0] == _RUN else 0.0 for op in reversed(ops)), initial=0.0))[::-1]
+            for stage, ops in compiled.items()}
         self.pos = dict.fromkeys(compiled, 0)
         self.clock = dict.fromkeys(compiled, 0.0)
         self.arrivals: dict[MessageKey, tuple[float, Slot]] = {}
@@ -69,7 +105,7 @@ class _Engine:
         self.cause: dict[Slot, Slot | None] = {}
         self.end_ms: dict[Slot, float] = {}
 
-    def run(self, schedule: Schedule) -> Run:
+    def run(self, schedule: Schedule) -> None:
         if self.cores is None:
             progress = True
             while progress:
@@ -82,8 +118,6 @@ class _Engine:
         if stuck:
             waits = ", ".join(f"s{s} waits at {schedule.actions[s][p]}" for s, p in sorted(stuck.items()))
             raise ScheduleError(f"deadlock in simulation: {waits}\n{format_grid(schedule, marks=stuck, window=8)}")
-        self.events.sort(key=lambda e: (e.start_ms, e.stage, e.end_ms))
-        return Run(events=tuple(self.events), cause=self.cause, end_ms=self.end_ms)
 
     def _run_in_time_order(self) -> None:
         """Run one action at a time, of the stage that is ready earliest (ties: lower stage)."""
@@ -102,18 +136,19 @@ class _Engine:
         """Run `stage`'s actions (at most `limit`) until it finishes or blocks on a receive; True if any ran."""
         ops, pos, clock = self.compiled[stage], self.pos[stage], self.clock[stage]
         ranks = self.plan.stages[stage].ranks
-        start_pos = pos
+        start_pos, record = pos, self.record
         stop = len(ops) if limit is None else min(len(ops), pos + limit)
         while pos < stop:
-            code, duration, key, text, kind, micro_batch = ops[pos]
+            code, duration, key, action, kind, micro_batch = ops[pos]
             cause: Slot | None = (stage, pos - 1) if pos else None
             end = clock + duration
             if code == _RUN and self.cores is not None and duration > 0:
                 duration = self.cores.duration_ms(stage, duration)
                 start, waited = self.cores.acquire(stage, clock, duration, (stage, pos))
                 if start > clock:
-                    self.events.append(Event(stage=stage, ranks=ranks, action=text, kind="core_wait",
-                                             start_ms=clock, end_ms=start, micro_batch=micro_batch))
+                    if record:
+                        self.events.append(Event(stage=stage, ranks=ranks, action=str(action), kind="core_wait",
+                                                 start_ms=clock, end_ms=start, micro_batch=micro_batch))
                     clock, cause = start, waited
                 end = clock + duration
             if code == _RECV:
@@ -125,46 +160,49 @@ class _Engine:
                     end, cause = got[0], got[1]
             elif code == _SEND:  # posted asynchronously: the stream goes on at once
                 assert key is not None
-                self._post(key, duration, clock, (stage, pos), ranks, text)
+                self._post(key, duration, clock, (stage, pos), ranks, action)
                 end = clock
-            if code != _SEND:
-                self.events.append(Event(stage=stage, ranks=ranks, action=text, kind=kind, start_ms=clock,
-                                         end_ms=end, micro_batch=micro_batch))
-            self.cause[(stage, pos)], self.end_ms[(stage, pos)] = cause, end
+            if record:
+                if code != _SEND:
+                    self.events.append(Event(stage=stage, ranks=ranks, action=str(action), kind=kind, start_ms=clock,
+                                             end_ms=end, micro_batch=micro_batch))
+                self.cause[(stage, pos)], self.end_ms[(stage, pos)] = cause, end
             clock = end
             pos += 1
         self.pos[stage], self.clock[stage] = pos, clock
+        if self.ahead_ms and clock + self.ahead_ms[stage][pos] > self.beat_ms:
+            raise _BeatenError
         return pos > start_pos
 
     def _post(self, key: MessageKey, duration: float, posted_ms: float, slot: Slot, ranks: tuple[int, ...],
-              text: str) -> None:
+              action: Action) -> None:
         """Start a transfer once its channel is free; record when it arrives."""
         channel = (key[0], key[1], key[2])
         start = max(posted_ms, self.channel_free.get(channel, 0.0))
         self.channel_free[channel] = start + duration
         self.arrivals[key] = (start + duration, slot)
-        if duration > 0:
-            self.events.append(Event(stage=key[0], ranks=ranks, action=text, kind="transfer", start_ms=start,
+        if duration > 0 and self.record:
+            self.events.append(Event(stage=key[0], ranks=ranks, action=str(action), kind="transfer", start_ms=start,
                                      end_ms=start + duration, micro_batch=key[3]))
 
 
 def _compile(plan: Plan, stage: int, actions: tuple[Action, ...], cost: StageCost, cluster: Cluster) -> list[Op]:
-    """Each action as (code, duration, message key, text, event kind, micro-batch)."""
+    """Each action as (code, duration, message key, the action, event kind, micro-batch)."""
     fixed = _stream_kinds(plan, stage, cost, cluster)
-    transfer_cache: dict[tuple[int, int, int], float] = {}
+    transfer_cache: dict[tuple[int, ...], float] = {}
     ops: list[Op] = []
     for action in actions:
         kind = action.kind
         if kind.is_send:
-            key = (stage, action.peer, kind.direction, action.micro_batch)
+            key = (stage, action.peer, _DIRECTION[kind], action.micro_batch)
             duration = _transfer_ms(plan, cluster, key, transfer_cache)
-            ops.append((_SEND, duration, key, str(action), "send", action.micro_batch))
+            ops.append((_SEND, duration, key, action, "send", action.micro_batch))
         elif kind.is_recv:
-            key = (action.peer, stage, kind.direction, action.micro_batch)
-            ops.append((_RECV, 0.0, key, str(action), "recv", action.micro_batch))
+            key = (action.peer, stage, _DIRECTION[kind], action.micro_batch)
+            ops.append((_RECV, 0.0, key, action, "recv", action.micro_batch))
         elif kind in fixed:
             duration, event_kind = fixed[kind]
-            ops.append((_RUN, duration, None, str(action), event_kind, action.micro_batch))
+            ops.append((_RUN, duration, None, action, event_kind, action.micro_batch))
         else:
             raise ScheduleError(f"stage {stage}: the simulator has no cost for action kind {kind.name} ({action})")
     return ops
@@ -190,15 +228,21 @@ def _event_kind(kind: ActionKind) -> str:
     raise ScheduleError(f"action kind {kind.name} does not occupy a stage's stream")
 
 
-def _transfer_ms(plan: Plan, cluster: Cluster, key: MessageKey, cache: dict[tuple[int, int, int], float]) -> float:
-    """Transfer time of one message; the rank pattern repeats every b_sender * b_receiver samples."""
+def _transfer_ms(plan: Plan, cluster: Cluster, key: MessageKey, cache: dict[tuple[int, ...], float]) -> float:
+    """Transfer time of one message; the rank pattern repeats every b_sender * b_receiver samples. `cache` holds
+    each edge's samples per message and the times per position in that pattern (a schedule sends thousands
+    of messages on a few edges)."""
     sender, receiver, direction, message = key
-    src, dst = (sender, receiver) if direction == "F" else (receiver, sender)
-    per_message = message_samples(plan, src, dst)
+    edge_key = (receiver, direction == "F")
+    if edge_key not in cache:
+        src, dst = (sender, receiver) if direction == "F" else (receiver, sender)
+        cache[edge_key] = message_samples(plan, src, dst)
+    per_message = int(cache[edge_key])
     start = message * per_message
     b_send, b_recv = plan.stages[sender].micro_batch_size, plan.stages[receiver].micro_batch_size
     cache_key = (receiver, start % (b_send * b_recv), per_message)
     if cache_key not in cache:
+        src, dst = (sender, receiver) if direction == "F" else (receiver, sender)
         edge = plan.edge(src, dst)
         cache[cache_key] = message_ms(cluster, plan.stages[sender], plan.stages[receiver], start,
                                       start + per_message, edge.bytes_per_sample, len(edge.tensors))

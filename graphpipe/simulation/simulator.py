@@ -8,6 +8,7 @@ iteration a stage does not spend in forwards and backwards.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from graphpipe.cost.cluster import Cluster
@@ -17,7 +18,7 @@ from graphpipe.schedule.generate import make_schedule
 from graphpipe.schedule.schedule import Schedule
 from graphpipe.schedule.validate import validate_schedule
 from graphpipe.simulation.comm_model import message_ms, optimizer_step_ms, plan_stage_all_reduce_ms
-from graphpipe.simulation.engine import Run, run_schedule
+from graphpipe.simulation.engine import Run, iteration_ms, run_schedule
 from graphpipe.simulation.memory import peak_live_micro_batches, static_bytes
 from graphpipe.simulation.result import SimResult, Timeline
 from graphpipe.simulation.stage_cost import stage_costs
@@ -53,6 +54,16 @@ def simulate(plan: Plan, costs: CostTable, cluster: Cluster | None = None,
         peak_in_flight_samples={s: peak_live[s] * plan.stages[s].micro_batch_size for s in sched.stages},
         critical_path=_critical_path(sched, run),
         timeline=Timeline(events=run.events))
+
+
+def iteration_time_s(plan: Plan, costs: CostTable, cluster: Cluster | None = None, schedule: str = "1f1b",
+                     beat_s: float = math.inf) -> float | None:
+    """`simulate(...).iteration_time_s` alone, for a ranking: None when the iteration is certain to take
+    longer than `beat_s` (the engine stops there). Skips the timeline, memory and critical path."""
+    cluster = cluster or _plan_cluster(plan)
+    ms = iteration_ms(plan, make_schedule(plan, schedule), stage_costs(plan, costs, cluster.device), cluster,
+                      beat_s * 1e3)
+    return None if ms is None else ms / 1e3
 
 
 def iteration_lower_bound_s(plan: Plan, costs: CostTable, cluster: Cluster | None = None) -> float:

@@ -2,6 +2,8 @@
 
 `GENERATORS` is the registry: the one list of schedule names. The command line's choices,
 help texts and error messages read `SCHEDULE_NAMES`, so a new schedule is added here only.
+A generator gives each stage's compute order; `lower_comm` inserts the communication
+(`make_schedule`), or the simulator's ranking path compiles the order directly (`compute_orders`).
 """
 
 from __future__ import annotations
@@ -9,16 +11,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from graphpipe.errors import ScheduleError
-from graphpipe.schedule.gpipe import make_gpipe
-from graphpipe.schedule.kfkb import make_kfkb
-from graphpipe.schedule.one_f_one_b import make_one_f_one_b
+from graphpipe.schedule.action import Action
+from graphpipe.schedule.gpipe import gpipe_compute
+from graphpipe.schedule.kfkb import kfkb_compute
+from graphpipe.schedule.lower_comm import lower_comm
+from graphpipe.schedule.one_f_one_b import one_f_one_b_compute
 from graphpipe.schedule.schedule import Schedule
 from graphpipe.stages.stage_graph import Plan
 
-GENERATORS: dict[str, Callable[[Plan], Schedule]] = {
-    "1f1b": make_one_f_one_b,
-    "gpipe": make_gpipe,
-    "kfkb": make_kfkb,
+GENERATORS: dict[str, Callable[[Plan], dict[int, tuple[Action, ...]]]] = {
+    "1f1b": one_f_one_b_compute,
+    "gpipe": gpipe_compute,
+    "kfkb": kfkb_compute,
 }
 SCHEDULE_NAMES: tuple[str, ...] = tuple(GENERATORS)
 DEFAULT_SCHEDULE = "1f1b"
@@ -26,6 +30,11 @@ DEFAULT_SCHEDULE = "1f1b"
 
 def make_schedule(plan: Plan, kind: str = DEFAULT_SCHEDULE) -> Schedule:
     """The per-stage action lists of `kind` (one of `SCHEDULE_NAMES`) for `plan`."""
+    return lower_comm(plan, compute_orders(plan, kind), kind)
+
+
+def compute_orders(plan: Plan, kind: str = DEFAULT_SCHEDULE) -> dict[int, tuple[Action, ...]]:
+    """Each stage's compute actions in `kind`'s order, before communication is inserted."""
     try:
         generator = GENERATORS[kind]
     except KeyError:

@@ -14,8 +14,6 @@ Every stage keeps all of its micro-batches in flight, so memory grows with their
 from __future__ import annotations
 
 from graphpipe.schedule.action import Action, B, F
-from graphpipe.schedule.lower_comm import lower_comm
-from graphpipe.schedule.schedule import Schedule
 from graphpipe.stages.stage_graph import Plan
 
 
@@ -24,6 +22,6 @@ def gpipe_order(stage: int, num_micro_batches: int) -> tuple[Action, ...]:
         B(stage, m) for m in range(num_micro_batches))
 
 
-def make_gpipe(plan: Plan) -> Schedule:
-    compute = {s.idx: gpipe_order(s.idx, plan.num_micro_batches(s.idx)) for s in plan.stages}
-    return lower_comm(plan, compute, "gpipe")
+def gpipe_compute(plan: Plan) -> dict[int, tuple[Action, ...]]:
+    """Each stage's computes in GPipe order (before `lower_comm`)."""
+    return {s.idx: gpipe_order(s.idx, plan.num_micro_batches(s.idx)) for s in plan.stages}

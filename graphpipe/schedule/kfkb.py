@@ -16,9 +16,8 @@ sizes everywhere kFkB is 1F1B.
 
 from __future__ import annotations
 
-from graphpipe.schedule.lower_comm import lower_comm
+from graphpipe.schedule.action import Action
 from graphpipe.schedule.one_f_one_b import compute_order
-from graphpipe.schedule.schedule import Schedule
 from graphpipe.schedule.warmup import warmup_counts
 from graphpipe.stages.stage_graph import Plan
 
@@ -34,8 +33,8 @@ def group_size(plan: Plan, stage_idx: int) -> int:
     return ratios.pop() if len(ratios) == 1 else 1
 
 
-def make_kfkb(plan: Plan) -> Schedule:
+def kfkb_compute(plan: Plan) -> dict[int, tuple[Action, ...]]:
+    """Each stage's computes in kFkB order (before `lower_comm`)."""
     warmups = warmup_counts(plan)
-    compute = {s.idx: compute_order(s.idx, plan.num_micro_batches(s.idx), warmups[s.idx], group_size(plan, s.idx))
-               for s in plan.stages}
-    return lower_comm(plan, compute, "kfkb")
+    return {s.idx: compute_order(s.idx, plan.num_micro_batches(s.idx), warmups[s.idx], group_size(plan, s.idx))
+            for s in plan.stages}

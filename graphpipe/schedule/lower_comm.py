@@ -32,7 +32,8 @@ from graphpipe.schedule.messages import messages_of
 from graphpipe.schedule.schedule import Schedule
 from graphpipe.stages.stage_graph import Plan
 
-Edges = dict[ActionKind, tuple[ActionKind, list[tuple[int, int]]]]  # per message kind: `_edges`
+Messages = list[tuple[ActionKind, int, int]]  # (send or receive kind, peer stage, messages per micro-batch)
+CLOSING_KINDS = (ActionKind.ALL_REDUCE, ActionKind.STEP)  # every stage's list ends with these
 
 
 def lower_comm(plan: Plan, compute: Mapping[int, Sequence[Action]], kind: str) -> Schedule:
@@ -44,34 +45,38 @@ def lower_comm(plan: Plan, compute: Mapping[int, Sequence[Action]], kind: str) -
 
 def _lower_stage(plan: Plan, idx: int, compute: Sequence[Action]) -> tuple[Action, ...]:
     out: list[Action] = []
-    edges: Edges = {}
+    around = comm_around(plan, idx)
     for action in compute:
-        kind = action.kind
-        if not kind.is_compute:
+        if not action.kind.is_compute:
             raise ScheduleError(f"lowering takes compute actions only, got {action}")
-        if kind.consumes is not None:
-            _comm(out, idx, action.micro_batch, _edges(plan, idx, recv_kind(kind.consumes), edges))
+        before, after = around[action.kind]
+        _comm(out, idx, action.micro_batch, before)
         out.append(action)
-        if kind.produces is not None:
-            _comm(out, idx, action.micro_batch, _edges(plan, idx, send_kind(kind.produces), edges))
-    out += [Action(stage=idx, kind=ActionKind.ALL_REDUCE), Action(stage=idx, kind=ActionKind.STEP)]
+        _comm(out, idx, action.micro_batch, after)
+    out += [Action(stage=idx, kind=kind) for kind in CLOSING_KINDS]
     return tuple(out)
 
 
-def _edges(plan: Plan, idx: int, kind: ActionKind, known: Edges) -> tuple[ActionKind, list[tuple[int, int]]]:
-    """`kind` and (peer, messages per micro-batch of `idx`) of each edge it talks on, in peer order; memoised
-    in `known`, since a schedule lowers thousands of micro-batches on the same edges."""
-    if kind not in known:
-        upstream = kind.peer_is_upstream
-        peers = plan.predecessors[idx] if upstream else plan.successors[idx]
-        known[kind] = (kind, [(peer, len(messages_of(plan, idx, 0, *((peer, idx) if upstream else (idx, peer)))))
-                              for peer in peers])
-    return known[kind]
+def comm_around(plan: Plan, idx: int) -> dict[ActionKind, tuple[Messages, Messages]]:
+    """Per compute kind of stage `idx`: the receives before it and the sends after it, each as (message kind,
+    peer, messages per micro-batch of `idx`) in peer order. The one statement of the rules above: the
+    lowering and the simulator's ranking path (`graphpipe.simulation.engine.iteration_ms`) both read it."""
+    return {kind: (_messages(plan, idx, None if kind.consumes is None else recv_kind(kind.consumes)),
+                   _messages(plan, idx, None if kind.produces is None else send_kind(kind.produces)))
+            for kind in ActionKind if kind.is_compute}
 
 
-def _comm(out: list[Action], idx: int, micro_batch: int, edges: tuple[ActionKind, list[tuple[int, int]]]) -> None:
-    """Append one action of the kind of `edges` (`_edges`) per message of `micro_batch` on each of its edges."""
-    kind, peers = edges
-    for peer, per_micro in peers:
+def _messages(plan: Plan, idx: int, kind: ActionKind | None) -> Messages:
+    if kind is None:
+        return []
+    upstream = kind.peer_is_upstream
+    peers = plan.predecessors[idx] if upstream else plan.successors[idx]
+    return [(kind, peer, len(messages_of(plan, idx, 0, *((peer, idx) if upstream else (idx, peer)))))
+            for peer in peers]
+
+
+def _comm(out: list[Action], idx: int, micro_batch: int, messages: Messages) -> None:
+    """Append one action per message of `micro_batch` on each edge of `messages` (`comm_around`)."""
+    for kind, peer, per_micro in messages:
         first = micro_batch * per_micro
         out += [Action(stage=idx, kind=kind, micro_batch=n, peer=peer) for n in range(first, first + per_micro)]

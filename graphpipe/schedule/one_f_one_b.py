@@ -20,8 +20,6 @@ With per-stage micro-batch sizes the same order runs on each stage in its own nu
 from __future__ import annotations
 
 from graphpipe.schedule.action import Action, B, F
-from graphpipe.schedule.lower_comm import lower_comm
-from graphpipe.schedule.schedule import Schedule
 from graphpipe.schedule.warmup import warmup_counts
 from graphpipe.stages.stage_graph import Plan
 
@@ -42,7 +40,7 @@ def compute_order(stage: int, num_micro_batches: int, warmup: int, group: int = 
     return tuple(order)
 
 
-def make_one_f_one_b(plan: Plan) -> Schedule:
+def one_f_one_b_compute(plan: Plan) -> dict[int, tuple[Action, ...]]:
+    """Each stage's computes in 1F1B order (before `lower_comm`)."""
     warmups = warmup_counts(plan)
-    compute = {s.idx: compute_order(s.idx, plan.num_micro_batches(s.idx), warmups[s.idx]) for s in plan.stages}
-    return lower_comm(plan, compute, "1f1b")
+    return {s.idx: compute_order(s.idx, plan.num_micro_batches(s.idx), warmups[s.idx]) for s in plan.stages}

@@ -23,7 +23,7 @@ to beat (the stage's clock only moves forward, by at least each action's duratio
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -31,6 +31,7 @@ from graphpipe.cost.cluster import Cluster
 from graphpipe.errors import ScheduleError
 from graphpipe.schedule.action import Action, ActionKind
 from graphpipe.schedule.grid import format_grid
+from graphpipe.schedule.lower_comm import CLOSING_KINDS, comm_around
 from graphpipe.schedule.messages import message_samples
 from graphpipe.schedule.schedule import Schedule
 from graphpipe.simulation.comm_model import message_ms, optimizer_step_ms, plan_stage_all_reduce_ms
@@ -44,7 +45,7 @@ _DIRECTION = {kind: kind.direction for kind in ActionKind if kind.is_message}
 
 Slot = tuple[int, int]  # (stage, position in its list)
 MessageKey = tuple[int, int, str, int]  # (sender stage, receiver stage, "F" or "B", message)
-Op = tuple[int, float, MessageKey | None, Action, str, int]  # code, duration, key, action, event kind, micro-batch
+Op = tuple[int, float, MessageKey | None, Action | None, str, int]  # code, duration, key, action, event kind, number
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,30 +59,38 @@ class Run:
 
 def run_schedule(plan: Plan, schedule: Schedule, costs: Mapping[int, StageCost], cluster: Cluster) -> Run:
     """Simulate one iteration of `schedule`; raise `ScheduleError` (with the grid) on a deadlock."""
-    engine = _engine(plan, schedule, costs, cluster)
-    engine.run(schedule)
+    compiled = {stage: _compile(plan, stage, actions, costs[stage], cluster)
+                for stage, actions in schedule.actions.items()}
+    engine = _Engine(plan, compiled, _cores(plan, cluster))
+    stuck = engine.run()
+    if stuck:
+        waits = ", ".join(f"s{s} waits at {schedule.actions[s][p]}" for s, p in sorted(stuck.items()))
+        raise ScheduleError(f"deadlock in simulation: {waits}\n{format_grid(schedule, marks=stuck, window=8)}")
     return Run(events=tuple(sorted(engine.events, key=lambda e: (e.start_ms, e.stage, e.end_ms))),
                cause=engine.cause, end_ms=engine.end_ms)
 
 
-def iteration_ms(plan: Plan, schedule: Schedule, costs: Mapping[int, StageCost], cluster: Cluster,
-                 beat_ms: float = math.inf) -> float | None:
-    """`run_schedule`'s iteration (the last action's end) without its record, or None as soon as it is
-    certain to end after `beat_ms` (see the module docstring)."""
-    engine = _engine(plan, schedule, costs, cluster, record=False, beat_ms=beat_ms)
+def iteration_ms(plan: Plan, compute: Mapping[int, Sequence[Action]], costs: Mapping[int, StageCost],
+                 cluster: Cluster, beat_ms: float = math.inf) -> float | None:
+    """`run_schedule`'s iteration (the last action's end) for the schedule that lowers `compute` (each stage's
+    compute order: `graphpipe.schedule.generate.compute_orders`), or None as soon as it is certain to end
+    after `beat_ms`. Nothing is recorded, and the lowered lists are compiled without an `Action` per
+    message (see the module docstring)."""
+    compiled = {stage: _compile_compute(plan, stage, actions, costs[stage], cluster)
+                for stage, actions in compute.items()}
+    engine = _Engine(plan, compiled, _cores(plan, cluster), record=False, beat_ms=beat_ms)
     try:
-        engine.run(schedule)
+        stuck = engine.run()
     except _BeatenError:
         return None
+    if stuck:
+        waits = ", ".join(f"s{s} at position {p}" for s, p in sorted(stuck.items()))
+        raise ScheduleError(f"deadlock in simulation: {waits} (simulate the plan for the schedule's grid)")
     return max(engine.clock.values(), default=0.0)
 
 
-def _engine(plan: Plan, schedule: Schedule, costs: Mapping[int, StageCost], cluster: Cluster,
-            record: bool = True, beat_ms: float = math.inf) -> _Engine:
-    compiled = {stage: _compile(plan, stage, actions, costs[stage], cluster)
-                for stage, actions in schedule.actions.items()}
-    cores = CorePool(plan, cluster) if cores_are_shared(plan, cluster) else None
-    return _Engine(plan, compiled, cores, record, beat_ms)
+def _cores(plan: Plan, cluster: Cluster) -> CorePool | None:
+    return CorePool(plan, cluster) if cores_are_shared(plan, cluster) else None
 
 
 class _BeatenError(Exception):
@@ -105,7 +114,8 @@ class _Engine:
         self.cause: dict[Slot, Slot | None] = {}
         self.end_ms: dict[Slot, float] = {}
 
-    def run(self, schedule: Schedule) -> None:
+    def run(self) -> dict[int, int]:
+        """Run every stage as far as it goes; the stages left waiting (stage: position), empty when all ended."""
         if self.cores is None:
             progress = True
             while progress:
@@ -114,10 +124,7 @@ class _Engine:
                     progress = self._advance(stage) or progress
         else:
             self._run_in_time_order()
-        stuck = {s: p for s, p in self.pos.items() if p < len(self.compiled[s])}
-        if stuck:
-            waits = ", ".join(f"s{s} waits at {schedule.actions[s][p]}" for s, p in sorted(stuck.items()))
-            raise ScheduleError(f"deadlock in simulation: {waits}\n{format_grid(schedule, marks=stuck, window=8)}")
+        return {s: p for s, p in self.pos.items() if p < len(self.compiled[s])}
 
     def _run_in_time_order(self) -> None:
         """Run one action at a time, of the stage that is ready earliest (ties: lower stage)."""
@@ -175,7 +182,7 @@ class _Engine:
         return pos > start_pos
 
     def _post(self, key: MessageKey, duration: float, posted_ms: float, slot: Slot, ranks: tuple[int, ...],
-              action: Action) -> None:
+              action: Action | None) -> None:
         """Start a transfer once its channel is free; record when it arrives."""
         channel = (key[0], key[1], key[2])
         start = max(posted_ms, self.channel_free.get(channel, 0.0))
@@ -200,12 +207,44 @@ def _compile(plan: Plan, stage: int, actions: tuple[Action, ...], cost: StageCos
         elif kind.is_recv:
             key = (action.peer, stage, _DIRECTION[kind], action.micro_batch)
             ops.append((_RECV, 0.0, key, action, "recv", action.micro_batch))
-        elif kind in fixed:
-            duration, event_kind = fixed[kind]
-            ops.append((_RUN, duration, None, action, event_kind, action.micro_batch))
         else:
-            raise ScheduleError(f"stage {stage}: the simulator has no cost for action kind {kind.name} ({action})")
+            duration, event_kind = _stream_cost(fixed, stage, action)
+            ops.append((_RUN, duration, None, action, event_kind, action.micro_batch))
     return ops
+
+
+def _compile_compute(plan: Plan, stage: int, compute: Sequence[Action], cost: StageCost, cluster: Cluster) -> list[Op]:
+    """`_compile` of the stage's lowered list (`lower_comm`), built from its compute order with the lowering's own
+    rules (`comm_around`) but no `Action` per message: the ranking's simulations lower thousands of messages."""
+    fixed = _stream_kinds(plan, stage, cost, cluster)
+    around = comm_around(plan, stage)
+    transfer_cache: dict[tuple[int, ...], float] = {}
+    ops: list[Op] = []
+    for action in compute:
+        kind, number = action.kind, action.micro_batch
+        before, after = around[kind]
+        for recv, peer, per_micro in before:
+            direction = _DIRECTION[recv]
+            ops += [(_RECV, 0.0, (peer, stage, direction, n), None, "recv", n)
+                    for n in range(number * per_micro, (number + 1) * per_micro)]
+        duration, event_kind = _stream_cost(fixed, stage, action)
+        ops.append((_RUN, duration, None, action, event_kind, number))
+        for send, peer, per_micro in after:
+            direction = _DIRECTION[send]
+            for n in range(number * per_micro, (number + 1) * per_micro):
+                key = (stage, peer, direction, n)
+                ops.append((_SEND, _transfer_ms(plan, cluster, key, transfer_cache), key, None, "send", n))
+    for kind in CLOSING_KINDS:
+        duration, event_kind = _stream_cost(fixed, stage, Action(stage=stage, kind=kind))
+        ops.append((_RUN, duration, None, None, event_kind, -1))
+    return ops
+
+
+def _stream_cost(fixed: Mapping[ActionKind, tuple[float, str]], stage: int, action: Action) -> tuple[float, str]:
+    """Duration and event kind of an action that occupies the stream (`_stream_kinds`); other kinds are refused."""
+    if action.kind not in fixed:
+        raise ScheduleError(f"stage {stage}: the simulator has no cost for action kind {action.kind.name} ({action})")
+    return fixed[action.kind]
 
 
 def _stream_kinds(plan: Plan, stage: int, cost: StageCost, cluster: Cluster) -> dict[ActionKind, tuple[float, str]]:

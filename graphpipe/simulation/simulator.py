@@ -8,13 +8,15 @@ iteration a stage does not spend in forwards and backwards.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from graphpipe.cost.cluster import Cluster
 from graphpipe.cost.cost_table import CostTable
 from graphpipe.errors import ClusterError
-from graphpipe.schedule.generate import make_schedule
+from graphpipe.schedule.generate import compute_orders, make_schedule
 from graphpipe.schedule.schedule import Schedule
 from graphpipe.schedule.validate import validate_schedule
 from graphpipe.simulation.comm_model import message_ms, optimizer_step_ms, plan_stage_all_reduce_ms
@@ -59,11 +61,27 @@ def simulate(plan: Plan, costs: CostTable, cluster: Cluster | None = None,
 def iteration_time_s(plan: Plan, costs: CostTable, cluster: Cluster | None = None, schedule: str = "1f1b",
                      beat_s: float = math.inf) -> float | None:
     """`simulate(...).iteration_time_s` alone, for a ranking: None when the iteration is certain to take
-    longer than `beat_s` (the engine stops there). Skips the timeline, memory and critical path."""
+    longer than `beat_s` (the engine stops there). Skips the timeline, memory and critical path.
+
+    The cyclic garbage collector is paused meanwhile: a long schedule allocates some 10^5 small tuples that
+    live until the end, which would make it walk the whole heap several times over, and the engine creates
+    no reference cycles, so there is nothing for it to find."""
     cluster = cluster or _plan_cluster(plan)
-    ms = iteration_ms(plan, make_schedule(plan, schedule), stage_costs(plan, costs, cluster.device), cluster,
-                      beat_s * 1e3)
+    with _collector_paused():
+        ms = iteration_ms(plan, compute_orders(plan, schedule), stage_costs(plan, costs, cluster.device), cluster,
+                          beat_s * 1e3)
     return None if ms is None else ms / 1e3
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def iteration_lower_bound_s(plan: Plan, costs: CostTable, cluster: Cluster | None = None) -> float:

@@ -142,3 +142,17 @@ def test_replanning_the_stored_runs_moves_none(results: tuple[dict[str, Any], Pa
     replan = load_script("paper/replan.py", "paper_benchmark_replan")
     assert replan.main(["--results", str(out / "results.json")]) == 0
     assert " 0 moved" in capsys.readouterr().out
+
+
+def test_search_ratio_times_every_configuration_graphpipe_planned(results: tuple[dict[str, Any], Path],
+                                                                   tmp_path: Path) -> None:
+    data, out = results
+    ratio = load_script("paper/search_ratio.py", "paper_benchmark_search_ratio")
+    assert ratio.main(["--results", str(out / "results.json"), "--rounds", "1", "--out", str(tmp_path / "r.json")]) == 0
+    recorded = json.loads((tmp_path / "r.json").read_text())
+    expected = ratio.configurations(data)
+    assert len(recorded["entries"]) == len(expected) > 0
+    for entry in recorded["entries"]:
+        assert all(len(entry["seconds"][planner]) == 1 for planner in ratio.PLANNERS)
+        assert entry["ratios"] == [entry["seconds"]["graphpipe"][0] / entry["seconds"]["sequential"][0]]
+    assert recorded["summary"].startswith(f"{len(expected)} configurations")

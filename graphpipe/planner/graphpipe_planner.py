@@ -3,17 +3,15 @@
 A chain is a special case of a stage DAG, and some chains are not SP-aligned (a stage that
 ends inside one branch and starts the next); so the search also runs the same DP on the
 graph linearised in topological order, with the best graph pipeline's TPS as a ceiling: it
-costs at most one probe per micro-batch size (none where the size's lower bound is already
-above the ceiling) unless a chain is better, and then that chain is searched like any size
-and kept as a candidate too. So graphpipe's best TPS is never worse than the chains' (to the
-search's tolerance), at a fraction of a second search's time. A chain that is worse in TPS but
-would simulate faster is not searched for; on the paper benchmark's 57 configurations the
-simulated winner is the same as when every chain candidate was kept (docs/architecture.md).
-When no graph pipeline fits in memory, a chain still may (a block of more than 4 branches
-opens only with a device per group): it is searched without a ceiling. When the SP tree is
-itself that chain (a model without branches), the second search would repeat the first and
-is skipped; a stage list both searches find is kept once, as the graph pipeline (its edges are
-the tensors that cross, without the chain's added links).
+costs one probe per micro-batch size (none where the size's lower bound is already above the
+ceiling) unless a chain is better, and then that chain is searched like any size and kept as
+a candidate too. So graphpipe's best TPS is never worse than the chains' (to the search's
+tolerance). A chain that is worse in TPS is not searched for, even if it would simulate
+faster (docs/architecture.md). When no graph pipeline fits in memory, a chain still may (one
+that cuts inside a branch): it is searched without a ceiling. When the SP tree is itself that
+chain (a model without branches), the second search would repeat the first and is skipped; a
+set of stages both searches find is kept once, as the graph pipeline (its edges are the
+tensors that cross, without the chain's added links).
 """
 
 from __future__ import annotations
@@ -36,9 +34,9 @@ def plan_graphpipe(request: PlanRequest) -> list[Partition]:
         ceiling = None if best is None else best * (1 - 1e-9)
         chains = partition_sp(model, request.chain_tree, request.num_devices, sizes, limit, ceiling_ms=ceiling,
                               every_size=request.every_size)
-        seen = {partition.stages for partition in partitions}
+        seen = {frozenset(partition.stages) for partition in partitions}
         partitions += [Partition(stages=tuple(stages), sequential=True) for plans in chains.values()
-                       for stages in plans if tuple(stages) not in seen]
+                       for stages in plans if frozenset(stages) not in seen]
     if request.per_stage_micro_batch:
         partitions += [refine_micro_batches(model, p, sizes, limit) for p in partitions]
     return partitions

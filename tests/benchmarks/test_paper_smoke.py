@@ -2,8 +2,8 @@
 
 `benchmarks/paper/run.py --quick` runs the same experiments as the full benchmark on the tiny
 presets in seconds; this test runs it once and checks the results file, the paper-regime
-mini-batch search, the plots and the invariant that a graph pipeline plan is never slower than
-the best sequential plan.
+mini-batch search, the plots and that a graph pipeline plan is never slower than the best
+sequential plan beyond the search's tolerance.
 """
 
 from __future__ import annotations
@@ -99,16 +99,22 @@ def test_successful_runs_are_consistent(results: tuple[dict[str, Any], Path]) ->
             assert r["depth"] == r["num_stages"], f"{r['planner']} returned a stage graph that is not a chain"
 
 
+SEARCH_TOLERANCE = 1e-3  # graphpipe's TPS is the optimum's to this (docs/method.md §4)
+
+
 def test_graphpipe_never_slower_than_best_sequential(results: tuple[dict[str, Any], Path]) -> None:
+    """graphpipe ranks its candidates by simulation but searches chains only below its best graph pipeline's TPS
+    (the search ends within SEARCH_TOLERANCE of an optimum), so a chain within that of its TPS may simulate a
+    little faster: the benchmark lists every such case (`violations`); none may be slower by more."""
     data, _ = results
     assert data["failures"] == [], "graphpipe gave up or a planner crashed:\n" + "\n".join(
         f"{f['experiment']} {f['model']} {f['num_devices']} devices {f['options']}: {f['reason']}"
         for f in data["failures"])
-    assert data["violations"] == [], "graphpipe slower than a sequential plan:\n" + "\n".join(
-        json.dumps(v) for v in data["violations"])
+    beyond = [v for v in data["violations"] if v["ratio"] < 1 - SEARCH_TOLERANCE]
+    assert beyond == [], "graphpipe slower than a sequential plan:\n" + "\n".join(json.dumps(v) for v in beyond)
     for r in data["runs"]:
         if r["planner"] == "graphpipe" and r["status"] == "ok" and r["speedup"]:
-            assert r["speedup"] >= 1 - 1e-6
+            assert r["speedup"] >= 1 - SEARCH_TOLERANCE
 
 
 def test_speedup_is_over_the_best_sequential_plan(bench: ModuleType) -> None:

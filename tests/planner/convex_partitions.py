@@ -105,6 +105,10 @@ class Expressible:
             yield from _then(self.block(item, range(len(item.branches))), lambda: self.chain(c, i + 1, e))
         pos = next((p for p in range(i, len(c.items)) if isinstance(c.items[p], Block)), len(c.items))
         block = c.items[pos] if pos < len(c.items) else None
+        if isinstance(item, Block) and len(item.branches) > MAX_ENUMERATED:  # J's stage with the lightest branches
+            stop = next((s for s in range(i + 1, len(c.items)) if isinstance(c.items[s], Block)), len(c.items))
+            if i + 1 < stop <= e:
+                yield from _then(self.joined(item, _ops(c.items[i + 1 : stop])), lambda: self.chain(c, stop, e))
         if not isinstance(block, Block) or len(block.branches) > MAX_ENUMERATED:
             return
         stop = next((s for s in range(pos + 1, len(c.items)) if isinstance(c.items[s], Block)), len(c.items))
@@ -114,12 +118,23 @@ class Expressible:
         if join and stop <= e:  # J absorbed, with F when there is one
             yield from _then(self.absorbed(fork, block, join), lambda: self.chain(c, stop, e))
 
+    def sorted_branches(self, block: Block, branches: Iterable[int]) -> list[int]:
+        """By descending compute, ties in the branches' order."""
+        weights = {r: sum(self.weight[op] for op in block.branches[r].ops) for r in branches}
+        return sorted(weights, key=lambda r: -weights[r])
+
+    def joined(self, block: Block, join: frozenset[str]) -> Iterator[Parts]:
+        """J's stage with the last g sorted branches (1 <= g < all), the others grouped before it."""
+        order = self.sorted_branches(block, range(len(block.branches)))
+        for cut in range(1, len(order)):
+            stage = join | _ops(block.branches[r] for r in order[cut:])
+            yield from ((stage, *parts) for parts in self.block(block, order[:cut]))
+
     def block(self, block: Block, branches: Iterable[int]) -> Iterator[Parts]:
         """Groupings of `branches`: every set partition up to 4 branches, else runs of the sorted order."""
         branches = list(branches)
         if len(block.branches) > MAX_ENUMERATED:
-            weights = {r: sum(self.weight[op] for op in block.branches[r].ops) for r in branches}
-            order = sorted(branches, key=lambda r: -weights[r])
+            order = self.sorted_branches(block, branches)
             groupings: Iterable[list[list[int]]] = (
                 [order[a:b] for a, b in itertools.pairwise((0, *cuts, len(order)))]
                 for size in range(len(order)) for cuts in itertools.combinations(range(1, len(order)), size))

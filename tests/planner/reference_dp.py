@@ -12,6 +12,8 @@ dividing b (every device takes b / d whole samples), in the space docs/method.md
 - a block's branches are grouped: a group is one branch staged as a chain, or several whole branches
   as one stage; any grouping with at most 4 branches, else runs of the branches sorted by compute
   (fwd + bwd at the cost table's largest size, descending; ties keep the branches' order);
+- a join run's stage, for blocks of more than 4 branches: J (all the leaves right after the block) and the
+  last g branches of the sorted order (1 <= g < all) as one stage, the other branches grouped before it;
 - absorption, for blocks of at most 4 branches, with F the leaves right before the block (from any
   start) and J all the leaves right after it: F joins the first stage of one branch (a run of
   [F] + that branch from its start, never reaching J when the same lane ends in J), J the last stage
@@ -47,8 +49,11 @@ of its own), so v = N means "any", and the answer is chain(top, 0, end, 0)[N, N]
                          stage_before(items i..j-1, chain(c, j, e, k))               for every j <= e
                          part_before(k' -> groups(item i, all, k'), chain(c, i + 1, e, k))   item i a block
                          part_before(k' -> absorbed(c, i, J, k'), chain(c, after, e, k))     absorption
+                         part_before(k' -> joined(c, i, k'), chain(c, after, e, k))     J's stage, > 4 branches
     groups(P, R, k)    = least over the groups g of R holding R[0] of beside(group(g, k), groups(P, R - g, k))
     group(g, k)        = chain(branch, 0, end, k) for one branch, else lone_stage(their union, k + 1)
+    joined(c, i, k)    = least over g of beside(lone_stage(J + the last g sorted branches, k + 1),
+                                               groups(P, the other branches, k + 1))
     absorbed           = least over the layouts of beside(the lanes and the grouped others), with F's stage
                          stage_before the rest of its lane beside the others (`fork_stage`)
 where
@@ -252,6 +257,10 @@ class ReferenceDP:
             out = np.minimum(out, self.part_before(lambda k: self.groups(item, self.order(item), k),
                                                    self.chain(c, i + 1, e, k_after)))
         found = _block_at(c, i)
+        if isinstance(item, Block) and len(item.branches) > MAX_ENUMERATED and found is not None:
+            stop = found[2]
+            if i + 1 < stop <= e:  # J's stage takes the lightest branches whole
+                out = np.minimum(out, self.part_before(lambda k: self.joined(c, i, k), self.chain(c, stop, e, k_after)))
         if found is not None and len(found[1].branches) <= MAX_ENUMERATED:
             pos, _, stop = found
             if pos > i and pos < e:  # F absorbed, J left to the chain
@@ -288,6 +297,21 @@ class ReferenceDP:
             out = np.minimum(out, self.beside(part, self.groups(block, others, k_after)))
         self.memo[key] = out
         return out
+
+    def joined(self, c: Chain, i: int, k_after: int) -> Table:
+        """The block at item i (more than 4 branches) and its join run J as J's stage with the last g >= 1 branches
+        of the sorted order (not all), holding k_after + 1; the other branches feed it, grouped."""
+        key = ("joined", id(c), i, k_after)
+        if key not in self.memo:
+            _, block, stop = _block_at(c, i) or (0, c.items[i], 0)
+            assert isinstance(block, Block)
+            join, order = _ops(c.items[i + 1 : stop]), self.order(block)
+            out = self._inf()
+            for cut in range(1, len(order)):
+                stage = self.lone_stage(join | _ops(block.branches[r] for r in order[cut:]), k_after + 1, entry=True)
+                out = np.minimum(out, self.beside(stage, self.groups(block, order[:cut], k_after + 1)))
+            self.memo[key] = out
+        return self.memo[key]
 
     def lane(self, block: Block, r: int, join: frozenset[str]) -> Chain:
         """Branch r, with the join run J (if any) as one last leaf; one object per content (the memo's key)."""

@@ -157,3 +157,18 @@ def test_every_size_frees_each_sizes_tables_before_the_next(monkeypatch: pytest.
             cost = request.model.stage_cost
             assert max(cost(s.ops, s.num_devices, size).tps_ms for s in found[size][0]) <= \
                 max(cost(s.ops, s.num_devices, size).tps_ms for s in plans[0]) * (1 + TOLERANCE)
+
+
+def test_join_stage_takes_the_lightest_branches_of_a_wide_block() -> None:
+    """Six branches, four heavy and two light, on 5 devices: the best stage graph gives each heavy branch a device
+    and runs the light ones with the join (cat, head) on the fifth, in parallel with the rest: depth 2, where
+    the chain with the same stages is 5 deep. Neither fork/join absorption (at most 4 branches) nor a plain
+    grouping (the join's stage would need a sixth device) reaches it."""
+    graph = branches_graph(6, 1)
+    heavy = {"b0_0", "b1_0", "b2_0", "b3_0"}
+    costs = make_costs(graph, fwd_ms={op: 4.0 if op in heavy else 1.0 for op in graph.names})
+    best = plan_candidates(graph, costs, make_cluster(5), 8, micro_batch_sizes=[1])[0]
+    chain = plan_candidates(graph, costs, make_cluster(5), 8, planner="sequential", micro_batch_sizes=[1])[0]
+    assert {frozenset(stage.ops) for stage in best.stages} >= {frozenset({"b4_0", "b5_0", "cat", "head", "output"})}
+    assert best.depth == 2 and chain.depth == 5
+    assert best.predicted_tps_ms == pytest.approx(chain.predicted_tps_ms)

@@ -205,15 +205,16 @@ def test_reference_is_the_optimum_of_its_space_enumerated() -> None:
 
 
 def test_chain_plan_found_when_no_graph_plan_fits() -> None:
-    """Five one-op branches on 2 devices: opening the block takes a device per group of branches and one more for
-    the join (no absorption beyond 4 branches), so every SP-aligned plan holds all five branches in one stage:
-    5 GiB of weights, gradients and Adam state. The chain [x, b0, b1, b2] [b3, b4, cat, head, output] needs at
-    most 3 GiB per device."""
-    graph = branches_graph(5, 1)
+    """Five branches of two ops on 2 devices, 1 GiB of weights, gradients and Adam state per branch: every SP-aligned
+    plan puts whole branches together (runs of them, the last run with the join's stage), so one of its two stages
+    holds 3 GiB. The chain [x, b0, b1, b2_0] [b2_1, b3, b4, cat, head, output] cuts inside a branch and needs about
+    2.5 GiB per device: graphpipe must find it."""
+    graph = branches_graph(5, 2)
     costs = make_costs(graph, act_bytes=1 << 20,
-                       param_bytes={op: (256 << 20) if op.startswith("b") else 0 for op in graph.names})
+                       param_bytes={op: (128 << 20) if op.startswith("b") else 0 for op in graph.names})
     cluster = make_cluster(2)
     chain = plan_candidates(graph, costs, cluster, 8, planner="sequential", micro_batch_sizes=[1],
-                            memory_limit=3.5 * GiB)[0]
-    plan = plan_candidates(graph, costs, cluster, 8, micro_batch_sizes=[1], memory_limit=3.5 * GiB)[0]
-    assert plan.predicted_tps_ms <= chain.predicted_tps_ms
+                            memory_limit=2.75 * GiB)[0]
+    plan = plan_candidates(graph, costs, cluster, 8, micro_batch_sizes=[1], memory_limit=2.75 * GiB)[0]
+    assert [stage.ops for stage in plan.stages] == [stage.ops for stage in chain.stages]
+    assert plan.stages[0].ops[-1] == "b2_0"

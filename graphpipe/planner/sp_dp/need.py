@@ -28,17 +28,21 @@ NO_KEY: Final = 1 << 62  # above every cell key (`size_tables.SegmentOffers`): n
 SEG: Final = 0  # the row's first stage is a segment of the chain
 OPEN: Final = 1  # the row starts with its parallel item, solved as a plain parallel block
 BLOCK: Final = 2  # the row starts with a fork/join block (`fork_join`)
+JOINED: Final = 3  # the row starts with its parallel item, whose join run's stage takes its lightest branches whole
 
 SegChoice = tuple[Literal[0], int, int, int]
 """(SEG, stop, d1, u): items [start, stop) as one stage on d1 devices, then row `stop` at cell u (= v - 1)."""
-ItemChoice = tuple[Literal[1, 2], bool, int, int]
-"""(OPEN or BLOCK, with_join, k_after, v): the parallel item (OPEN; with_join False) or the fork/join block
-starting at the row (BLOCK, with or without its join run) at its cell v, given k_after in flight after it;
-then the row after it at cell k_after."""
+ItemChoice = tuple[Literal[1, 2, 3], bool, int, int]
+"""(OPEN, BLOCK or JOINED, with_join, k_after, v): the parallel item (OPEN; with_join False), the fork/join block
+starting at the row (BLOCK, with or without its join run) or the parallel item and its join run (JOINED; with_join
+True) at its cell v, given k_after in flight after it; then the row after it at cell k_after."""
 ChainChoice = SegChoice | ItemChoice
 GroupChoice = tuple[int, int]
 """(group, devices): a parallel block's branches in the bit mask `group` (sorted order) as one chain if it is a
 single branch (devices 0: the branch's own choices say), else merged into one stage on `devices` devices."""
+JoinedChoice = tuple[int, int]
+"""(start, devices): the join run's stage takes the sorted branches from `start` on, on `devices` devices; the
+branches before `start` feed it, grouped as a parallel block's."""
 ForkPick = tuple[int, int, int]
 """(stop, d1, u): a fork's stage is items [0, stop) of its lane on d1 devices; the rest of the block at cell u."""
 
@@ -73,6 +77,15 @@ class ParSol:
     need: dict[int, list[int]]
     choice: dict[int, list[GroupChoice | None]]
     full: int
+
+
+@dataclass(slots=True)
+class JoinedSol:
+    """A parallel block with its join run's stage taking its lightest branches (`Probe.joined`): the need vector
+    (capped at the devices) and, per cell, which branches that stage takes."""
+
+    need: list[int]
+    choice: list[JoinedChoice | None]
 
 
 @dataclass(slots=True)

@@ -15,11 +15,14 @@ micro-batches (`Probe._solve_chain`), rows from the end back to item 0:
                               of d1 + need_j[u]         (the stage [i, j) holds one more than what follows)
     parallel: need_i[v] = min over k < v of par_k(P)[v] + need_{i+1}[k]       (item i = P, given k after it)
     block:    need_i[v] = min over k < v of block_k[v] + need_stop[k]          (`fork_join`, from item i)
+    joined:   need_i[v] = min over k < v of joined_k(P, J)[v] + need_stop[k]   (item i = P, J its join run,
+                                                                                 more than 4 branches: `joined`)
     settle:   need_i[v] = min(need_i[v], need_i[v - 1])   (more in flight allowed never costs devices)
 
 Parallel block P given k_after (`Probe._solve_par`), over subsets M of its branches (bit masks
 in sorted order, smaller first; G runs over the groups holding M's lowest branch: any subset
-with up to 4 branches, runs of consecutive sorted branches above):
+with up to 4 branches, runs of consecutive sorted branches above, where M is a suffix of the
+sorted order, or for `joined` a prefix, G then the runs ending at M's last branch):
 
     base:     par[{}][v] = 0 if v >= k_after or P has no bypass edge else BIG
     group:    par[M][v] = min over G of g_G[v] + par[M \\ G][v]
@@ -43,6 +46,7 @@ from graphpipe.planner.sp_dp.fork_join import ForkJoinSolver, ForkLane, Shapes
 from graphpipe.planner.sp_dp.merge_tails import MergeTables
 from graphpipe.planner.sp_dp.need import (
     BLOCK,
+    JOINED,
     NO_KEY,
     OPEN,
     SEG,
@@ -50,6 +54,8 @@ from graphpipe.planner.sp_dp.need import (
     ChainChoice,
     ChainSol,
     GroupChoice,
+    JoinedChoice,
+    JoinedSol,
     ParSol,
     feasible_breakpoints,
     settle,
@@ -81,7 +87,8 @@ class Probe:
         self.target = target_ms
         self.dominated = dominance_cap(target_ms)  # offers with `until` up to this are dominated
         self.chain_memo: dict[tuple[int, int, int], ChainSol] = {}  # (chain's content, k_after, end)
-        self.par_memo: dict[tuple[int, int], ParSol] = {}  # (parallel block, k_after)
+        self.par_memo: dict[tuple[int, int, bool], ParSol] = {}  # (parallel block, k_after, prefixes)
+        self.joined_memo: dict[tuple[int, tuple[str, ...], int], JoinedSol] = {}  # (parallel block, join ops, k_after)
         self.blocks = ForkJoinSolver(self.tables, target_ms, host.shapes, host.merges)
 
     @property
@@ -129,6 +136,7 @@ class Probe:
                 pinfo = info.par_infos[start]
                 if pinfo is not None:
                     self._open(pinfo, need[start + 1], row, chosen)
+                    self._join_run(info, start, pinfo, need, row, chosen)
                 self._blocks(info, start, need, row, chosen)
             found = settle(row, chosen, num_devices)
             breaks[start] = found
@@ -179,8 +187,16 @@ class Probe:
 
         self._before(rest, row, chosen, block_at, OPEN, False)
 
+    def _join_run(self, info: ChainInfo, start: int, pinfo: ParInfo, need: list[list[int]], row: list[int],
+                  chosen: list[ChainChoice | None]) -> None:
+        """The row's parallel item (of runs, `ParInfo.interval`) with its join run, whose stage takes the lightest
+        branches whole (`joined`), then the rest of the chain."""
+        found = info.fork_join(start) if pinfo.interval else None
+        if found is not None and found.join is not None:
+            self._before(need[found.stop], row, chosen, partial(self.joined, pinfo, found.join.ops), JOINED, True)
+
     def _before(self, rest: list[int], row: list[int], chosen: list[ChainChoice | None],
-                block_at: Callable[[int], list[int]], kind: Literal[1, 2], with_join: bool) -> None:
+                block_at: Callable[[int], list[int]], kind: Literal[1, 2, 3], with_join: bool) -> None:
         """A block followed by `rest`: for every in-flight count k_after at which the rest needs fewer devices
         than at any smaller one, the block's need vector given k_after plus those devices; the choice is
         recorded as (kind, with_join, k_after, v)."""
@@ -211,24 +227,27 @@ class Probe:
             self._before(rest, row, chosen, partial(self.blocks.vector, self, found, with_join), BLOCK, with_join)
 
     # ---- parallel blocks -----------------------------------------------------------------
-    def par(self, pinfo: ParInfo, k_after: int) -> ParSol:
-        key = (pinfo.index, k_after)
+    def par(self, pinfo: ParInfo, k_after: int, prefixes: bool = False) -> ParSol:
+        """The block's branches grouped, given k_after; with `prefixes` (runs only), the sub-problems are the
+        prefixes of the sorted order instead of its suffixes (what `joined` reads), same optimum per mask."""
+        key = (pinfo.index, k_after, prefixes)
         sol = self.par_memo.get(key)
         if sol is None:
-            sol = self.par_memo[key] = self._solve_par(pinfo, k_after)
+            sol = self.par_memo[key] = self._solve_par(pinfo, k_after, prefixes)
         return sol
 
-    def _solve_par(self, pinfo: ParInfo, k_after: int) -> ParSol:
+    def _solve_par(self, pinfo: ParInfo, k_after: int, prefixes: bool) -> ParSol:
         t = self.tables
         max_v = t.max_v
         full = (1 << len(pinfo.par.branches)) - 1
         base = [0 if (v >= k_after or not pinfo.par.has_bypass) else BIG for v in range(max_v + 1)]
         need: dict[int, list[int]] = {0: base}
         choice: dict[int, list[GroupChoice | None]] = {0: [None] * (max_v + 1)}
-        for mask in self._masks(pinfo, full):
+        groups_of = pinfo.runs_ending_at_top if prefixes else pinfo.groups_of
+        for mask in self._masks(pinfo, full, prefixes):
             row = [BIG] * (max_v + 1)
             chosen: list[GroupChoice | None] = [None] * (max_v + 1)
-            for group in pinfo.groups_of(mask):
+            for group in groups_of(mask):
                 vec, extra = self._group_need(pinfo, group, k_after)
                 rest = need[mask ^ group]
                 for v in range(max_v + 1):
@@ -241,10 +260,12 @@ class Probe:
         return ParSol(need=need, choice=choice, full=full)
 
     @staticmethod
-    def _masks(pinfo: ParInfo, full: int) -> list[int]:
+    def _masks(pinfo: ParInfo, full: int, prefixes: bool = False) -> list[int]:
         """Sub-problems in the order they are needed (smaller first)."""
         if pinfo.interval:
             count = full.bit_length()
+            if prefixes:
+                return [(1 << size) - 1 for size in range(1, count + 1)]
             return [full & ~((1 << pos) - 1) for pos in range(count - 1, -1, -1)]
         return sorted(range(1, full + 1), key=lambda m: bin(m).count("1"))
 
@@ -259,10 +280,50 @@ class Probe:
         return vec, [devices] * (max_v + 1)
 
     def _merged_devices(self, pinfo: ParInfo, group: int, k_after: int) -> int:
-        for d1, tps, k_max in self.tables.group_options(pinfo, group):
-            if tps <= self.target and k_max >= k_after + 1:
+        return self._fewest(self.tables.group_options(pinfo, group), k_after + 1)
+
+    def _fewest(self, options: list[tuple[int, float, int]], held: int) -> int:
+        """The fewest devices of a stage's options (`SizeTables.group_options`) that meet the target and hold
+        `held` micro-batches (BIG: none)."""
+        for d1, tps, k_max in options:
+            if tps <= self.target and k_max >= held:
                 return d1
         return BIG
+
+    # ---- a join run's stage with the lightest branches ---------------------------------------
+    def joined(self, pinfo: ParInfo, join_ops: tuple[str, ...], k_after: int) -> list[int]:
+        """Need vector of the block and its join run J, J's stage taking the sorted branches from some g on
+        whole, followed by something holding k_after:
+
+            joined[v] = min over g of d_g + par_{k_after + 1}[branches [0, g)][v]     (v > k_after)
+
+        d_g the fewest devices on which J and branches [g, n) meet the target and hold k_after + 1; the
+        branches before g feed J's stage, grouped in runs (`_solve_par`, whose masks are those prefixes)."""
+        return self._joined_sol(pinfo, join_ops, k_after).need
+
+    def _joined_sol(self, pinfo: ParInfo, join_ops: tuple[str, ...], k_after: int) -> JoinedSol:
+        key = (pinfo.index, join_ops, k_after)
+        sol = self.joined_memo.get(key)
+        if sol is None:
+            sol = self.joined_memo[key] = self._solve_joined(pinfo, join_ops, k_after)
+        return sol
+
+    def _solve_joined(self, pinfo: ParInfo, join_ops: tuple[str, ...], k_after: int) -> JoinedSol:
+        t, held = self.tables, k_after + 1
+        row = [BIG] * (t.max_v + 1)
+        chosen: list[JoinedChoice | None] = [None] * (t.max_v + 1)
+        feeding = self.par(pinfo, held, prefixes=True).need
+        for first in pinfo.join_groups():
+            devices = self._fewest(t.joined_options(pinfo, first, join_ops), held)
+            if devices >= BIG:
+                continue
+            rest = feeding[(1 << first) - 1]
+            for v in range(held, t.max_v + 1):
+                cost = devices + rest[v]
+                if cost < row[v]:
+                    row[v] = cost
+                    chosen[v] = (first, devices)
+        return JoinedSol(need=[c if c <= t.num_devices else BIG for c in row], choice=chosen)
 
     # ---- result ----------------------------------------------------------------------------
     def best_entry(self, tree: SPChain | None = None) -> int | None:
@@ -304,6 +365,12 @@ class Probe:
                 assert pinfo is not None
                 self.emit_par(pinfo, block_after, block_v, out)
                 start, v = start + 1, block_after
+            elif chosen[0] == JOINED:
+                _, _, block_after, block_v = chosen
+                pinfo, found = info.par_infos[start], info.fork_join(start)
+                assert pinfo is not None and found is not None and found.join is not None
+                self.emit_joined(pinfo, found.join.ops, block_after, block_v, out)
+                start, v = found.stop, block_after
             else:
                 _, with_join, block_after, block_v = chosen
                 found = info.fork_join(start)
@@ -311,8 +378,9 @@ class Probe:
                 self.blocks.emit(self, found, with_join, block_after, block_v, out)
                 start, v = (found.stop if with_join else found.par_pos + 1), block_after
 
-    def emit_par(self, pinfo: ParInfo, k_after: int, v: int, out: list[StageSpec], mask: int | None = None) -> None:
-        sol = self.par(pinfo, k_after)
+    def emit_par(self, pinfo: ParInfo, k_after: int, v: int, out: list[StageSpec], mask: int | None = None,
+                 prefixes: bool = False) -> None:
+        sol = self.par(pinfo, k_after, prefixes)
         mask = sol.full if mask is None else mask
         while mask:
             chosen = sol.choice[mask][v]
@@ -324,3 +392,12 @@ class Probe:
                 out.append(StageSpec(ops=pinfo.group(group)[0], num_devices=devices,
                                      micro_batch_size=self.tables.micro_batch_size))
             mask ^= group
+
+    def emit_joined(self, pinfo: ParInfo, join_ops: tuple[str, ...], k_after: int, v: int,
+                    out: list[StageSpec]) -> None:
+        chosen = self._joined_sol(pinfo, join_ops, k_after).choice[v]
+        assert chosen is not None, "reconstructing an infeasible join stage"
+        first, devices = chosen
+        out.append(StageSpec(ops=pinfo.with_join(first, join_ops)[0], num_devices=devices,
+                             micro_batch_size=self.tables.micro_batch_size))
+        self.emit_par(pinfo, k_after + 1, v, out, mask=(1 << first) - 1, prefixes=True)

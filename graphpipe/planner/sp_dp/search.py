@@ -114,6 +114,7 @@ class Search:
         self.best: list[StageSpec] = []
         self.lo = self.hi = 0.0
         self.window_top = 0.0  # the largest target the search expects to probe (`offers` builds up to it)
+        self.unguided = False  # `start` found its first plan only with no target: far from the optimum
         self._lower_bound: float | None = None
 
     @property
@@ -195,6 +196,7 @@ class Search:
             if self.attempt(max(target, self.lo)):
                 return True
             target, step = guess_ms * (1 + step), step * 4
+        self.unguided = True
         return self.attempt(math.inf)
 
     def narrow(self, tolerance: float, near_top: bool = True) -> None:
@@ -231,7 +233,9 @@ def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_
     is already more than COARSE_KEEP above the best bottleneck found is skipped: no plan at
     that size could be among the best. Every other size is searched to COARSE_TOLERANCE,
     starting from a guess: the previous size's optimum scaled by the ratio of the two sizes'
-    lower bounds (optimum / lower bound varies little between neighbouring sizes). Then, best
+    lower bounds (optimum / lower bound varies little between neighbouring sizes), unless
+    memory bound that size (its first plan came only with no target: `Search.unguided`), whose
+    ratio says nothing of the next; such a size is then narrowed by bisection. Then, best
     first, each size whose proven lower bound is below the best bottleneck found so far is
     narrowed to `tolerance` (the others cannot hold the optimum, and their plans are still
     within COARSE_TOLERANCE of their own). With `every_size` (for a ranking that looks beyond
@@ -259,7 +263,8 @@ def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_
             continue
         search, bound = searched
         coarse_hi[size] = search.hi
-        ratio = search.hi / bound
+        if not search.unguided:  # else memory binds this size (its plan is far above its bound): no guide for the next
+            ratio = search.hi / bound
         if every_size:
             finished[size] = _every_plan(search, tolerance)
         else:
@@ -288,7 +293,8 @@ def _coarse(search: Search, best_hi: float, ceiling_ms: float | None, ratio: flo
         search.lo = bound * (1 - TOLERANCE)
     elif not search.start(bound * ratio if ratio is not None else None):
         return None
-    search.narrow(max(tolerance, COARSE_TOLERANCE), near_top=ratio is not None or ceiling_ms is not None)
+    near_top = (ratio is not None or ceiling_ms is not None) and not search.unguided
+    search.narrow(max(tolerance, COARSE_TOLERANCE), near_top=near_top)
     return search, bound
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,6 +125,7 @@ class SizeTables:
         self._groups: dict[tuple[int, int], list[tuple[int, float, int]]] = {}
         self._totals: dict[tuple[int, int], list[tuple[float, float]]] = {}
         self._joins: dict[tuple[tuple[str, ...], float], tuple[float, float]] = {}
+        self._joined: dict[tuple[int, int, tuple[str, ...]], list[tuple[int, float, int]]] = {}
 
     def segment_rows(self, info: ChainInfo, start: int, d1: int,
                      target_ms: float) -> tuple[list[float], list[float], list[int]]:
@@ -232,19 +234,35 @@ class SizeTables:
         """(devices, TPS, most micro-batches in flight) of merged branches, fewest devices first; cached."""
         key = (pinfo.index, group)
         hit = self._groups.get(key)
-        if hit is not None:
-            return hit
+        if hit is None:
+            _, params, messages, num_bytes = pinfo.group(group)
+            hit = self._groups[key] = self._options(params, messages, num_bytes, self._group_totals(pinfo, group))
+        return hit
+
+    def joined_options(self, pinfo: ParInfo, start: int, join_ops: tuple[str, ...]) -> list[tuple[int, float, int]]:
+        """`group_options` of the sorted branches from `start` on merged with the join run (`ParInfo.with_join`)."""
+        key = (pinfo.index, start, join_ops)
+        hit = self._joined.get(key)
+        if hit is None:
+            _, params, messages, num_bytes = pinfo.with_join(start, join_ops)
+            branches = self._group_totals(pinfo, (1 << len(pinfo.branch_infos)) - (1 << start))
+            joins = (self.join_totals(join_ops, self.micro_batch_size / d1) for d1 in self.degrees)
+            totals = [(compute + join_compute, act + join_act)
+                      for (compute, act), (join_compute, join_act) in zip(branches, joins)]
+            hit = self._joined[key] = self._options(params, messages, num_bytes, totals)
+        return hit
+
+    def _options(self, params: float, messages: int, num_bytes: float,
+                 totals: Sequence[tuple[float, float]]) -> list[tuple[int, float, int]]:
+        """(devices, TPS, most in flight) per degree of one stage from its weights, traffic and per-degree
+        (compute, activations); none when its weights and optimizer state alone exceed the limit."""
+        if OPTIMIZER_STATE_FACTOR * params > self.memory_limit:
+            return []
         b, model = self.micro_batch_size, self.model
-        _, params, messages, num_bytes = pinfo.group(group)
-        out = []
-        if OPTIMIZER_STATE_FACTOR * params <= self.memory_limit:
-            for d1, (compute, act) in zip(self.degrees, self._group_totals(pinfo, group)):
-                tps = time_per_sample_ms(compute, p2p_ms(model.link, messages, num_bytes * b / d1),
-                                         model.all_reduce_ms(params, d1), b, self.global_batch_size)
-                out.append((d1, tps, max_in_flight_micro_batches(params, act, self.memory_limit,
-                                                                    self.num_micro_batches)))
-        self._groups[key] = out
-        return out
+        return [(d1, time_per_sample_ms(compute, p2p_ms(model.link, messages, num_bytes * b / d1),
+                                        model.all_reduce_ms(params, d1), b, self.global_batch_size),
+                 max_in_flight_micro_batches(params, act, self.memory_limit, self.num_micro_batches))
+                for d1, (compute, act) in zip(self.degrees, totals)]
 
     def _group_totals(self, pinfo: ParInfo, mask: int) -> list[tuple[float, float]]:
         """Per degree, (compute, activations) of the branches in `mask`: their prefix-sum totals added in branch

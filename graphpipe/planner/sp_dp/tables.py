@@ -263,6 +263,7 @@ class ParInfo:
         self.interval = len(par.branches) > MAX_ENUMERATED_BRANCHES
         self._groups: dict[int, tuple[tuple[str, ...], int, int, float]] = {}
         self._boundaries: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
+        self._joined: dict[tuple[int, tuple[str, ...]], tuple[tuple[str, ...], int, int, float]] = {}
         # per join run, a merge stage's traffic on every pair of tails (`merge_tails.merge_boundary`), for every size
         self.merge_boundaries: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
 
@@ -313,6 +314,32 @@ class ParInfo:
             if not sub:
                 return
             sub = (sub - 1) & rest
+
+    @staticmethod
+    def runs_ending_at_top(prefix: int) -> Iterator[int]:
+        """The runs of sorted branches that end a prefix of the sorted order (a bit mask), the longest first."""
+        end = 1 << prefix.bit_length()
+        low = prefix & -prefix
+        while low < end:
+            yield end - low
+            low <<= 1
+
+    def join_groups(self) -> range:
+        """The groups a join run's stage may take whole (`Probe.joined`): with runs (`interval`), the runs that end
+        the sorted order (the lightest branches) and leave at least one branch out, as the start of the run."""
+        return range(1, len(self.par.branches)) if self.interval else range(0)
+
+    def with_join(self, start: int, join_ops: tuple[str, ...]) -> tuple[tuple[str, ...], int, int, float]:
+        """(ops, param bytes, messages, bytes per sample) of the sorted branches from `start` on and the join run
+        as one stage; cached (every size reads the same)."""
+        key = (start, join_ops)
+        hit = self._joined.get(key)
+        if hit is None:
+            group = (1 << len(self.branch_infos)) - (1 << start)
+            ops = self.group(group)[0] + join_ops
+            params = self.group(group)[1] + sum(self.model.param_bytes[op] for op in join_ops)
+            hit = self._joined[key] = (ops, params, *self.model.boundary(ops))
+        return hit
 
     def merge_ops(self, join_ops: tuple[str, ...], s0: int, s1: int) -> tuple[str, ...]:
         """Ops of a merge stage: the tails of both (sorted) branches from items s0 and s1, then the join run."""

@@ -244,17 +244,30 @@ class Probe:
         need: dict[int, list[int]] = {0: base}
         choice: dict[int, list[GroupChoice | None]] = {0: [None] * (max_v + 1)}
         groups_of = pinfo.runs_ending_at_top if prefixes else pinfo.groups_of
+        cells = range(k_after + 1, max_v + 1)  # a group's entry holds at least k_after + 1: BIG below
         for mask in self._masks(pinfo, full, prefixes):
             row = [BIG] * (max_v + 1)
             chosen: list[GroupChoice | None] = [None] * (max_v + 1)
             for group in groups_of(mask):
-                vec, extra = self._group_need(pinfo, group, k_after)
                 rest = need[mask ^ group]
-                for v in range(max_v + 1):
-                    cost = vec[v] + rest[v]
+                if group & (group - 1) == 0:  # one branch, staged as its chain
+                    vec = self.chain(pinfo.branch_infos[group.bit_length() - 1], k_after).need[0]
+                    for v in cells:
+                        cost = vec[v] + rest[v]
+                        if cost < row[v]:
+                            row[v] = cost
+                            chosen[v] = (group, 0)
+                    continue
+                devices = self._merged_devices(pinfo, group, k_after)
+                if devices >= BIG:
+                    if pinfo.interval and not prefixes:
+                        break  # the next runs hold this one: more compute, traffic and memory, no fewer devices
+                    continue
+                for v in cells:
+                    cost = devices + rest[v]
                     if cost < row[v]:
                         row[v] = cost
-                        chosen[v] = (group, extra[v])
+                        chosen[v] = (group, devices)
             need[mask] = [c if c <= t.num_devices else BIG for c in row]
             choice[mask] = chosen
         return ParSol(need=need, choice=choice, full=full)
@@ -268,16 +281,6 @@ class Probe:
                 return [(1 << size) - 1 for size in range(1, count + 1)]
             return [full & ~((1 << pos) - 1) for pos in range(count - 1, -1, -1)]
         return sorted(range(1, full + 1), key=lambda m: bin(m).count("1"))
-
-    def _group_need(self, pinfo: ParInfo, group: int, k_after: int) -> tuple[list[int], list[int]]:
-        """Need vector of a group given k_after, and the devices of a merged group per v (0 for a branch)."""
-        max_v = self.tables.max_v
-        if group & (group - 1) == 0:
-            branch = pinfo.branch_infos[group.bit_length() - 1]
-            return self.chain(branch, k_after).need[0], [0] * (max_v + 1)
-        devices = self._merged_devices(pinfo, group, k_after)
-        vec = [devices if v > k_after else BIG for v in range(max_v + 1)]
-        return vec, [devices] * (max_v + 1)
 
     def _merged_devices(self, pinfo: ParInfo, group: int, k_after: int) -> int:
         return self._fewest(self.tables.group_options(pinfo, group), k_after + 1)

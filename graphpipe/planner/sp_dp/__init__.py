@@ -30,6 +30,10 @@ fork/join layouts' in `fork_join`.
 - Fork and join absorption (`fork_join`): the leaves just before a block with at most 4
   branches may join the first stage of one branch, and the leaves just after it the last
   stage of one branch, so a cheap input or concat + head costs no device.
+- The join's stage with the lightest branches (`Probe.joined`): for a block of more than 4
+  branches, the leaves just after it may share one stage with the last branches of the sorted
+  order (whole), fed by the other branches grouped in runs (DLRM's embeddings with the
+  interaction and the top MLP).
 
 Cost of a probe, with n ops, V = devices + 2 in-flight values and D degrees. Every sub-problem
 is memoised in the probe by what its answer depends on: a chain suffix by (chain, k_after, end),
@@ -53,11 +57,12 @@ grows about linearly, not exponentially, with the nesting depth
 
 The stage graphs this DP can produce are those whose stages are runs of items of one SP
 chain (or of an extended chain of fork/join absorption) or unions of whole branches of one
-parallel block ("SP-aligned" partitions); the exhaustive baseline checks optimality over
-exactly that space (`sp_aligned=True`). The search on T (`search`) keeps an interval [lo, hi]
-and stops when it is below 1e-3 relative. Uniform micro-batch size and 1F1B (in-flight = v · b);
-per-stage sizes are a refinement (`graphpipe.planner.per_stage`). Sizes and pruning across
-sizes: see `partition_sp`.
+parallel block, possibly with the join's leaves ("SP-aligned" partitions); the exhaustive
+baseline checks optimality over that space for blocks of up to 4 branches (`sp_aligned=True`),
+and the tests' reference DP and enumeration cover wider blocks too. The search on T (`search`)
+keeps an interval [lo, hi] and stops when it is below 1e-3 relative. Uniform micro-batch size
+and 1F1B (in-flight = v · b); per-stage sizes are a refinement (`graphpipe.planner.per_stage`).
+Sizes and pruning across sizes: see `partition_sp`.
 
 Modules, bottom to top (each imports only those before it; `tests/test_layering.py` forbids cycles):
 

@@ -303,8 +303,9 @@ class ReferenceDP:
         of the sorted order (not all), holding k_after + 1; the other branches feed it, grouped."""
         key = ("joined", id(c), i, k_after)
         if key not in self.memo:
-            _, block, stop = _block_at(c, i) or (0, c.items[i], 0)
-            assert isinstance(block, Block)
+            found = _block_at(c, i)
+            assert found is not None and found[0] == i
+            _, block, stop = found
             join, order = _ops(c.items[i + 1 : stop]), self.order(block)
             out = self._inf()
             for cut in range(1, len(order)):

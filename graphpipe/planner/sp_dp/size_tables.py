@@ -245,7 +245,7 @@ class SizeTables:
         hit = self._joined.get(key)
         if hit is None:
             _, params, messages, num_bytes = pinfo.with_join(start, join_ops)
-            branches = self._group_totals(pinfo, (1 << len(pinfo.branch_infos)) - (1 << start))
+            branches = self._group_totals(pinfo, pinfo.lightest_from(start))
             joins = (self.join_totals(join_ops, self.micro_batch_size / d1) for d1 in self.degrees)
             totals = [(compute + join_compute, act + join_act)
                       for (compute, act), (join_compute, join_act) in zip(branches, joins)]

@@ -335,11 +335,15 @@ class ParInfo:
         key = (start, join_ops)
         hit = self._joined.get(key)
         if hit is None:
-            group = (1 << len(self.branch_infos)) - (1 << start)
-            ops = self.group(group)[0] + join_ops
-            params = self.group(group)[1] + sum(self.model.param_bytes[op] for op in join_ops)
+            branch_ops, branch_params, *_ = self.group(self.lightest_from(start))
+            ops = branch_ops + join_ops
+            params = branch_params + sum(self.model.param_bytes[op] for op in join_ops)
             hit = self._joined[key] = (ops, params, *self.model.boundary(ops))
         return hit
+
+    def lightest_from(self, start: int) -> int:
+        """The bit mask of the sorted branches from `start` on (the lightest ones)."""
+        return (1 << len(self.branch_infos)) - (1 << start)
 
     def merge_ops(self, join_ops: tuple[str, ...], s0: int, s1: int) -> tuple[str, ...]:
         """Ops of a merge stage: the tails of both (sorted) branches from items s0 and s1, then the join run."""

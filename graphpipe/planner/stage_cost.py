@@ -50,6 +50,7 @@ class CostModel:
         self.global_batch_size = global_batch_size
         self.link = p2p_link(cluster)
         self._by_batch: dict[float, dict[str, tuple[float, float, float]]] = {}
+        self._groups: dict[tuple[tuple[str, ...], float], tuple[float, float]] = {}
         ref = max(costs.micro_batch_sizes, default=1)
         self.out_bytes_per_sample: dict[str, float] = {}
         self.param_bytes: dict[str, int] = {}
@@ -77,6 +78,22 @@ class CostModel:
                 cost = self.costs.at(op, batch)
                 table[op] = (cost.fwd_ms, cost.bwd_ms, float(cost.act_bytes))
         return table
+
+    def group_at(self, ops: tuple[str, ...], batch: float) -> tuple[float, float]:
+        """(fwd + bwd ms, act bytes) of a group of ops on `batch` samples, summed op by op in their order, cached
+        per group: the trees one request searches (its SP tree, its chain, a branch with its join) share their
+        leaves, so each leaf is summed once per batch, not once per tree."""
+        key = (ops, batch)
+        hit = self._groups.get(key)
+        if hit is None:
+            at = self.ops_at(batch)
+            time_ms = act = 0.0
+            for op in ops:
+                fwd, bwd, act_bytes = at[op]
+                time_ms += fwd + bwd
+                act += act_bytes
+            hit = self._groups[key] = (time_ms, act)
+        return hit
 
     def all_reduce_ms(self, grad_bytes: float, num_devices: int) -> float:
         return ring_all_reduce_ms(all_reduce_link(self.cluster, num_devices), grad_bytes, num_devices)

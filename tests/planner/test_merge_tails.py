@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from graphpipe.planner.api import make_request, plan_candidates
 from graphpipe.planner.request import PlanRequest
@@ -108,6 +109,33 @@ def test_prefix_floors_bound_the_need_and_equal_it_without_a_memory_limit(case: 
                     for end in range(info.num_items + 1):
                         need = np.array(probe.chain(info, k_after, end).need[0])
                         assert (np.minimum(floors[end], BIG) <= need).all(), (end, k_after, floors[end], need)
+
+
+def _floors_by_definition(fewest: np.ndarray, max_v: int, steps: dict[int, list[tuple[int, int]]]) -> list[list[int]]:
+    """The module docstring's recurrence, read literally: floor[j][m] = min(floor[j][m - 1], min over i < j of
+    floor[i][m - 1] + the fewest devices of [i, j), a segment or a step)."""
+    size = fewest.shape[0]
+    edge = {(i, j): int(fewest[i, j]) for i in range(size) for j in range(i + 1, size)}
+    for start, reach in steps.items():
+        for stop, devices in reach:
+            edge[start, stop] = min(edge[start, stop], devices)
+    floor = [[0 if j == 0 else BIG for j in range(size)]]
+    for _ in range(max_v):
+        last = floor[-1]
+        floor.append([min([last[j], *(min(last[i] + edge[i, j], BIG) for i in range(j))]) for j in range(size)])
+    return [[floor[m][j] for m in range(max_v + 1)] for j in range(size)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_prefix_floors_follow_their_recurrence(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    size, max_v = int(rng.integers(1, 12)), int(rng.integers(1, 8))
+    fewest = rng.integers(1, 5, size=(size, size))
+    fewest[rng.random((size, size)) < rng.random()] = BIG
+    steps = {start: [(int(stop), int(rng.integers(1, 4)))] for start in range(size - 1) if rng.random() < 0.3
+             for stop in [rng.integers(start + 1, size)]}
+    assert prefix_floors(fewest, max_v, steps).tolist() == _floors_by_definition(fewest, max_v, steps)
 
 
 def _tight_limit(case: Case) -> float:

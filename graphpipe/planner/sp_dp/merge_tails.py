@@ -16,8 +16,8 @@ matrix over the pairs (t_0, t_1):
   per probe, the tails that meet the target and fit alone (`fork_join`'s docstring) and M's
   fewest devices on every pair (`MergeTable.devices`).
 - `prefix_floors`: a lower bound of the need vector of every prefix [0, s) of a lane's chain
-  followed by k in flight, in one forward pass: the chain DP with every stage holding just k + 1
-  (each really holds k + 1 or more, as many more as stages follow it),
+  followed by k in flight, every prefix at once, one stage count at a time: the chain DP with every
+  stage holding just k + 1 (each really holds k + 1 or more, as many more as stages follow it),
 
       floor[0][m] = 0,   floor[j][m] = min over segments [i, j) within the target that hold
                                         k + 1 micro-batches of floor[i][m - 1] + its fewest degree
@@ -211,22 +211,26 @@ def prefix_floors(fewest: np.ndarray, max_v: int, steps: dict[int, list[Step]] |
     """floor[s, m]: fewest devices staging items [0, s) in at most m stages, from `fewest[i, j]` (the fewest
     degree on which segment [i, j) meets the target and holds what it must, BIG where none does) and, for a
     chain with parallel items, `steps` (`block_steps`: each block as one stage on its least work); see the
-    module docstring. Values above BIG are clipped to BIG."""
+    module docstring. Values above BIG are clipped to BIG.
+
+    One min-plus product per stage count, over every (start, stop) at once: column m is column m - 1 or
+    a stage [i, s) after a staging of [0, i) in m - 1 stages. Once a column repeats, all later ones do."""
     size = fewest.shape[0]
+    edges = np.where(np.triu(np.ones((size, size), dtype=bool), 1), fewest, BIG).astype(np.int64)
+    for start, reach in (steps or {}).items():
+        for stop, devices in reach:
+            edges[start, stop] = min(int(edges[start, stop]), devices)
+    live = np.flatnonzero(edges.min(axis=1) < BIG)  # the starts some stage leaves from
+    edges = edges[live]
     floors = np.full((size, max_v + 1), BIG, dtype=np.int64)
     floors[0] = 0
-    for start in range(size - 1):
-        row = np.minimum.accumulate(floors[start])
-        floors[start] = row
-        if row[-2] >= BIG:
-            continue
-        stops = np.flatnonzero(fewest[start, start + 1:] < BIG) + start + 1
-        if stops.size:
-            reached = np.minimum(row[None, :-1] + fewest[start, stops, None], BIG)
-            floors[stops, 1:] = np.minimum(floors[stops, 1:], reached)
-        for stop, devices in (steps or {}).get(start, ()):
-            floors[stop, 1:] = np.minimum(floors[stop, 1:], np.minimum(row[:-1] + devices, BIG))
-    floors[-1] = np.minimum.accumulate(floors[-1])
+    for m in range(1, max_v + 1):
+        before = floors[:, m - 1]
+        column = np.minimum(before, np.minimum((before[live, None] + edges).min(axis=0, initial=BIG), BIG))
+        floors[:, m] = column
+        if np.array_equal(column, before):
+            floors[:, m + 1:] = column[:, None]
+            break
     return floors
 
 

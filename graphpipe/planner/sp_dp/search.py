@@ -54,6 +54,9 @@ class ModelMemo:
 
     def __init__(self) -> None:
         self._columns: dict[tuple[tuple[str, ...], float], tuple[np.ndarray, np.ndarray]] = {}
+        self._all: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+        self._where: dict[tuple[str, ...], np.ndarray] = {}
+        self._positions: dict[str, int] | None = None
         self._bounds: dict[BoundKey, float] = {}
 
     @classmethod
@@ -72,10 +75,28 @@ class ModelMemo:
         key = (ops, per_device_batch)
         hit = self._columns.get(key)
         if hit is None:
-            rows = [model.op_at(op, per_device_batch) for op in ops]
-            hit = self._columns[key] = (np.array([sum(row[:2]) for row in rows], dtype=float),
-                                        np.array([row[2] for row in rows], dtype=float))
+            times, acts = self._every_op(model, per_device_batch)
+            where = self._where.get(ops)
+            if where is None:
+                position = self._position(model)
+                where = self._where[ops] = np.array([position[op] for op in ops], dtype=np.intp)
+            hit = self._columns[key] = (times[where], acts[where])
         return hit
+
+    def _every_op(self, model: CostModel, per_device_batch: float) -> tuple[np.ndarray, np.ndarray]:
+        """(fwd + bwd ms, activation bytes) of every op of the graph, in `graph.names` order: the trees of one
+        model (its SP tree, its chain) list the same ops in different orders, and read them from here."""
+        hit = self._all.get(per_device_batch)
+        if hit is None:
+            rows = model.ops_at(per_device_batch)
+            hit = self._all[per_device_batch] = (np.array([fwd + bwd for fwd, bwd, _ in rows.values()], dtype=float),
+                                                 np.array([act for _, _, act in rows.values()], dtype=float))
+        return hit
+
+    def _position(self, model: CostModel) -> dict[str, int]:
+        if self._positions is None:
+            self._positions = {op: idx for idx, op in enumerate(model.graph.names)}
+        return self._positions
 
     def lower_bound(self, key: BoundKey, compute: Callable[[], float]) -> float:
         """The bound stored under `key`, computed by `compute` the first time."""

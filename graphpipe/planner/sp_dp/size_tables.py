@@ -124,7 +124,6 @@ class SizeTables:
         self._rows: dict[tuple[int, int, int], tuple[list[float], list[float], list[int]]] = {}
         self._groups: dict[tuple[int, int], list[tuple[int, float, int]]] = {}
         self._totals: dict[tuple[int, int], list[tuple[float, float]]] = {}
-        self._joins: dict[tuple[tuple[str, ...], float], tuple[float, float]] = {}
         self._joined: dict[tuple[int, int, tuple[str, ...]], list[tuple[int, float, int]]] = {}
 
     def segment_rows(self, info: ChainInfo, start: int, d1: int,
@@ -292,10 +291,5 @@ class SizeTables:
         return fewest_degree(holds, self.degrees, axis=1)
 
     def join_totals(self, join_ops: tuple[str, ...], per_device_batch: float) -> tuple[float, float]:
-        """(fwd + bwd ms, activation bytes) of a join run at `per_device_batch` samples, cached."""
-        key = (join_ops, per_device_batch)
-        hit = self._joins.get(key)
-        if hit is None:
-            rows = [self.model.op_at(op, per_device_batch) for op in join_ops]
-            hit = self._joins[key] = (sum(fwd + bwd for fwd, bwd, _ in rows), sum(act for _, _, act in rows))
-        return hit
+        """(fwd + bwd ms, activation bytes) of a join run at `per_device_batch` samples (`CostModel.group_at`)."""
+        return self.model.group_at(join_ops, per_device_batch)

@@ -107,12 +107,9 @@ class ChainInfo:
         hit = self._per_batch.get(per_device_batch)
         if hit is None:
             times, acts = [0.0], [0.0]
+            group_at = self.model.group_at
             for ops in self.item_ops:
-                time_ms = act = 0.0
-                for op in ops:
-                    fwd, bwd, act_bytes = self.model.op_at(op, per_device_batch)
-                    time_ms += fwd + bwd
-                    act += act_bytes
+                time_ms, act = group_at(ops, per_device_batch)
                 times.append(times[-1] + time_ms)
                 acts.append(acts[-1] + act)
             hit = self._per_batch[per_device_batch] = (times, acts)

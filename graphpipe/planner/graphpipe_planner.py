@@ -20,20 +20,17 @@ from graphpipe.graph.sp import SPChain, SPLeaf
 from graphpipe.planner.per_stage import refine_micro_batches
 from graphpipe.planner.request import PlanRequest
 from graphpipe.planner.sp_dp import partition_sp
-from graphpipe.planner.stage_spec import Partition
+from graphpipe.planner.stage_cost import CostModel
+from graphpipe.planner.stage_spec import Partition, StageSpec
 
 
 def plan_graphpipe(request: PlanRequest) -> list[Partition]:
     model, sizes, limit = request.model, request.micro_batch_sizes, request.memory_limit
     found = partition_sp(model, request.sp_tree, request.num_devices, sizes, limit, every_size=request.every_size)
     partitions = [Partition(stages=tuple(stages)) for plans in found.values() for stages in plans]
-    best = min((max(model.stage_cost(s.ops, s.num_devices, s.micro_batch_size).tps_ms for s in plans[0])
-                for plans in found.values() if plans), default=None)
-    if not _is_the_chain(request.sp_tree, request.chain_tree):
-        # no graph pipeline fits (memory): a chain may still, so it is searched without a ceiling
-        ceiling = None if best is None else best * (1 - 1e-9)
-        chains = partition_sp(model, request.chain_tree, request.num_devices, sizes, limit, ceiling_ms=ceiling,
-                              every_size=request.every_size)
+    if not is_the_chain(request.sp_tree, request.chain_tree):
+        chains = partition_sp(model, request.chain_tree, request.num_devices, sizes, limit,
+                              ceiling_ms=chain_ceiling(model, found), every_size=request.every_size)
         seen = {frozenset(partition.stages) for partition in partitions}
         partitions += [Partition(stages=tuple(stages), sequential=True) for plans in chains.values()
                        for stages in plans if frozenset(stages) not in seen]
@@ -42,7 +39,15 @@ def plan_graphpipe(request: PlanRequest) -> list[Partition]:
     return partitions
 
 
-def _is_the_chain(tree: SPChain, chain: SPChain) -> bool:
+def chain_ceiling(model: CostModel, found: dict[int, list[list[StageSpec]]]) -> float | None:
+    """The TPS a chain must beat to be searched for: a hair below the best graph pipeline's bottleneck; None
+    when no graph pipeline fits (memory), and a chain, which may cut inside a branch, is searched in full."""
+    best = min((max(model.stage_cost(s.ops, s.num_devices, s.micro_batch_size).tps_ms for s in plans[0])
+                for plans in found.values() if plans), default=None)
+    return None if best is None else best * (1 - 1e-9)
+
+
+def is_the_chain(tree: SPChain, chain: SPChain) -> bool:
     """True when the SP tree has no parallel block and the same leaves as the linearised chain."""
     return all(isinstance(item, SPLeaf) for item in tree.items) and \
         [item.ops for item in tree.items] == [item.ops for item in chain.items]

@@ -161,4 +161,7 @@ def test_search_ratio_times_every_configuration_graphpipe_planned(results: tuple
     for entry in recorded["entries"]:
         assert all(len(entry["seconds"][planner]) == 1 for planner in ratio.PLANNERS)
         assert entry["ratios"] == [entry["seconds"]["graphpipe"][0] / entry["seconds"]["sequential"][0]]
+        (graph_s,), (ceiling_s,), (chain_s,) = (entry["searches"][part] for part in ratio.SEARCHES)
+        assert graph_s > 0 and ceiling_s >= 0 and chain_s > 0
     assert recorded["summary"].startswith(f"{len(expected)} configurations")
+    assert "the DP searches alone" in recorded["summary"]

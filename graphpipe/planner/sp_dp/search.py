@@ -202,23 +202,36 @@ class Search:
         self.best, self.hi = found, min(target_ms, self.bottleneck_ms(found))
         return True
 
-    def start(self, guess_ms: float | None = None, tolerance: float = COARSE_TOLERANCE) -> bool:
+    def start(self, guess_ms: float | None = None, tolerance: float = COARSE_TOLERANCE,
+              far_ms: float | None = None) -> bool:
         """First feasible plan (False: none at this size). The guess (from another size, else FIRST_GUESS
-        times the lower bound) is probed, then above it by steps growing from `tolerance` fourfold, and
-        last with no TPS target, which tells whether the size has a plan at all. A close guess brackets
-        the optimum in about two probes; a low one costs a few failed probes, which are cheap (few
-        offers are within a tight target), where a loose one costs a slow first probe."""
+        times the lower bound) is probed, then above it by steps growing from `tolerance` fourfold, then
+        from `far_ms` up the same way if that walk stopped below it, and last with no TPS target, which
+        tells whether the size has a plan at all. A close guess brackets the optimum in about two probes;
+        a low one costs a few failed probes, which are cheap (few offers are within a tight target), where
+        a loose one costs a slow first probe. `far_ms` is where another size found its optimum after a
+        walk like this one had failed (`partition_sp`): far above its bound, as when devices far
+        outnumber the ops and the bound says little, and then this size's optimum is likely near there
+        too; where memory bound that size instead, this size's walk usually succeeds first."""
         self.lo = self.lower_bound_ms() * (1 - TOLERANCE)  # set first: `offers` then builds for the whole search
         if guess_ms is None:
             guess_ms = self.lower_bound_ms() * FIRST_GUESS
+        self.window_top = guess_ms * (1 + tolerance * 5)  # the first two probes of the walk up
+        if self._walk(guess_ms, tolerance):
+            return True
+        if far_ms is not None and far_ms > guess_ms * (1 + tolerance * 4) and self._walk(far_ms, tolerance):
+            return True
+        self.unguided = True
+        return self.attempt(math.inf)
+
+    def _walk(self, guess_ms: float, tolerance: float) -> bool:
+        """Probes at the guess, then above it by steps growing from `tolerance` fourfold, while they fail."""
         step, target = tolerance, guess_ms
-        self.window_top = guess_ms * (1 + step * 5)  # the first two probes of the walk up
         while step < 1:
             if self.attempt(max(target, self.lo)):
                 return True
             target, step = guess_ms * (1 + step), step * 4
-        self.unguided = True
-        return self.attempt(math.inf)
+        return False
 
     def narrow(self, tolerance: float, near_top: bool = True) -> None:
         """Shrink [lo, hi] below `tolerance` relative. When `hi` is likely close to the optimum (`near_top`),
@@ -254,9 +267,12 @@ def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_
     is already more than COARSE_KEEP above the best bottleneck found is skipped: no plan at
     that size could be among the best. Every other size is searched to COARSE_TOLERANCE,
     starting from a guess: the previous size's optimum scaled by the ratio of the two sizes'
-    lower bounds (optimum / lower bound varies little between neighbouring sizes), unless
-    memory bound that size (its first plan came only with no target: `Search.unguided`), whose
-    ratio says nothing of the next; such a size is then narrowed by bisection. Then, best
+    lower bounds (optimum / lower bound varies little between neighbouring sizes). A size whose
+    first plan came only with no target (`Search.unguided`: memory binds it, or its bound is
+    loose, as with far more devices than ops) is narrowed by bisection, and its ratio is no
+    guess for the next size but a fallback, walked up from once the walk from the guess fails:
+    where memory bound it, the next size's optimum is usually far below; where the bound was
+    loose, near it (mmt with 32 layers per branch at 1,024 devices: 3.7x its bound). Then, best
     first, each size whose proven lower bound is below the best bottleneck found so far is
     narrowed to `tolerance` (the others cannot hold the optimum, and their plans are still
     within COARSE_TOLERANCE of their own). With `every_size` (for a ranking that looks beyond
@@ -276,15 +292,17 @@ def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_
     searches: dict[int, Search] = {}
     finished: dict[int, list[list[StageSpec]]] = {}  # every_size: each size's plans, its tables already freed
     coarse_hi: dict[int, float] = {}  # each size's bottleneck after the coarse search: what the pruning reads
-    ratio = None
+    ratio = far = None
     for size in sorted(micro_batch_sizes, reverse=True):
         searched = _coarse(Search(model, tree, num_devices, size, memory_limit, chains, pars, constants, shapes, memo),
-                           min(coarse_hi.values(), default=math.inf), ceiling_ms, ratio, tolerance)
+                           min(coarse_hi.values(), default=math.inf), ceiling_ms, ratio, tolerance, far)
         if searched is None:
             continue
         search, bound = searched
         coarse_hi[size] = search.hi
-        if not search.unguided:  # else memory binds this size (its plan is far above its bound): no guide for the next
+        if search.unguided:  # memory binds this size, or its bound is loose: a fallback for the next, not a guess
+            far = search.hi / bound
+        else:
             ratio = search.hi / bound
         if every_size:
             finished[size] = _every_plan(search, tolerance)
@@ -297,10 +315,11 @@ def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_
 
 
 def _coarse(search: Search, best_hi: float, ceiling_ms: float | None, ratio: float | None,
-            tolerance: float) -> tuple[Search, float] | None:
+            tolerance: float, far: float | None = None) -> tuple[Search, float] | None:
     """The size's search to COARSE_TOLERANCE and its lower bound, or None when the size is skipped: its lower
     bound is more than COARSE_KEEP above `best_hi`, nothing fits, or no plan beats the ceiling (see
-    `partition_sp`). `ratio`: optimum / lower bound at the previous size, for the first guess."""
+    `partition_sp`). `ratio`: optimum / lower bound at the previous guided size, for the first guess; `far`:
+    the same at the last unguided one, probed when the walk up from the guess fails (`Search.start`)."""
     bound = search.lower_bound_ms()
     if bound > best_hi * COARSE_KEEP:
         return None  # even a perfect plan at this size could not be among the best
@@ -312,9 +331,9 @@ def _coarse(search: Search, best_hi: float, ceiling_ms: float | None, ratio: flo
         if not search.attempt(ceiling_ms):  # a lone probe: `offers` builds for this target only
             return None  # nothing at this size beats the ceiling
         search.lo = bound * (1 - TOLERANCE)
-    elif not search.start(bound * ratio if ratio is not None else None):
+    elif not search.start(bound * ratio if ratio is not None else None, far_ms=None if far is None else bound * far):
         return None
-    near_top = (ratio is not None or ceiling_ms is not None) and not search.unguided
+    near_top = (ratio is not None or far is not None or ceiling_ms is not None) and not search.unguided
     search.narrow(max(tolerance, COARSE_TOLERANCE), near_top=near_top)
     return search, bound
 

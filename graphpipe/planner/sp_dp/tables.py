@@ -396,6 +396,7 @@ class ChainTables:
         self._chains: list[ChainInfo] = []
         self._extended: dict[ExtendedKey, ChainInfo] = {}
         self._by_signature: dict[tuple[object, ...], list[ChainInfo]] = {}
+        self._cost_class: dict[str, str] = {}  # op -> an op with equal cost entries, from the twins found
         self.root = self._add_tree(tree)
 
     def __len__(self) -> int:
@@ -432,17 +433,28 @@ class ChainTables:
         are tabled and solved once."""
         if info.has_parallel:
             return None
-        model, entries = self.model, self.model.costs.entries
+        model = self.model
         signature = tuple(tuple((model.param_bytes[op], model.out_bytes_per_sample[op]) for op in ops)
                           for ops in info.item_ops)  # cheap to hash; the costs are compared below
         same = self._by_signature.setdefault(signature, [])
         for twin in same:
-            if all(entries[mine] == entries[theirs] for mine, theirs in zip(info.chain.ops, twin.chain.ops)) and \
+            if all(self._same_costs(mine, theirs) for mine, theirs in zip(info.chain.ops, twin.chain.ops)) and \
                     all(np.array_equal(mine, theirs) for mine, theirs in zip(info.boundary_matrix(),
                                                                               twin.boundary_matrix())):
+                for mine, theirs in zip(info.chain.ops, twin.chain.ops):
+                    self._cost_class[mine] = self._cost_class.get(theirs, theirs)
                 return twin
         same.append(info)
         return None
+
+    def _same_costs(self, op: str, other: str) -> bool:
+        """Whether two ops have equal cost entries at every stored batch: known without comparing them when an
+        earlier twin matched them (the extended chains of twin branches repeat the branches' ops)."""
+        classes = self._cost_class
+        if classes.get(op, op) == classes.get(other, other):
+            return True
+        entries = self.model.costs.entries
+        return entries[op] == entries[other]
 
     def extended(self, block: Block, pos: int, with_fork: bool, with_join: bool) -> ChainInfo:
         """Branch at sorted position `pos` of the block with the fork run prepended and/or the join run appended

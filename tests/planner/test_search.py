@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from graphpipe.planner.sp_dp.search import Search
 
 
@@ -13,13 +15,12 @@ class _Size:
     walk over a stand-in for the DP's probe, recording the targets probed."""
 
     start = Search.start
-    _walk = Search._walk
 
     def __init__(self, optimum: float) -> None:
         self.optimum = optimum
         self.probed: list[float] = []
         self.lo = self.window_top = 0.0
-        self.unguided = False
+        self.unguided = self.fell_back = False
 
     def lower_bound_ms(self) -> float:
         return 1.0
@@ -40,17 +41,19 @@ def test_the_next_size_walks_up_from_the_fallback_and_is_guided() -> None:
     two probes later, a finite target near the optimum, so the narrowing starts next to it."""
     size = _Size(optimum=3.75)
     assert size.start(far_ms=3.6)
-    assert size.probed == [1.6, 1.6 * 1.05, 1.6 * 1.2, 3.6, 3.6 * 1.05] and not size.unguided
+    assert size.probed == [1.6, 1.6 * 1.05, 1.6 * 1.2, 3.6, 3.6 * 1.05] and size.fell_back and not size.unguided
 
 
 def test_a_walk_that_succeeds_never_reads_the_fallback() -> None:
     """Where memory bound the other size (its ratio far above this one's), this size's own walk ends first."""
     size = _Size(optimum=1.65)
     assert size.start(far_ms=6.0)
-    assert size.probed == [1.6, 1.6 * 1.05] and not size.unguided
+    assert size.probed == [1.6, 1.6 * 1.05] and not (size.fell_back or size.unguided)
 
 
-def test_a_fallback_within_the_failed_walk_is_not_probed() -> None:
+@pytest.mark.parametrize(("tolerance", "walk"), [(0.05, [1.0, 1.05, 1.2]), (0.01, [1.0, 1.01, 1.04, 1.16])])
+def test_a_fallback_within_the_failed_walk_is_not_probed(tolerance: float, walk: list[float]) -> None:
+    """Its target failed already, as everything below the walk's last target did."""
     size = _Size(optimum=9.0)
-    assert size.start(guess_ms=2.0, far_ms=2.2)
-    assert size.probed == [2.0, 2.0 * 1.05, 2.0 * 1.2, math.inf] and size.unguided
+    assert size.start(guess_ms=2.0, tolerance=tolerance, far_ms=2.0 * 1.15)
+    assert size.probed == pytest.approx([2.0 * step for step in walk] + [math.inf]) and size.unguided

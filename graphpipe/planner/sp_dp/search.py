@@ -105,6 +105,16 @@ class ModelMemo:
         return self._bounds[key]
 
 
+def _walk(guess_ms: float, tolerance: float) -> list[float]:
+    """The targets `Search.start` probes up from a guess, until one succeeds: the guess, then above it by
+    steps growing from `tolerance` fourfold while they are below 1 (1.05x, 1.2x at 5%)."""
+    targets, step = [guess_ms], tolerance
+    while step * 4 < 1:
+        targets.append(guess_ms * (1 + step))
+        step *= 4
+    return targets
+
+
 def _running_sum(values: np.ndarray) -> float:
     """0.0 + values[0] + values[1] + ... added in this order, as a Python loop would (`add.accumulate` is
     sequential, unlike `sum`'s pairwise summation), so the bounds are the same floats."""
@@ -136,6 +146,7 @@ class Search:
         self.lo = self.hi = 0.0
         self.window_top = 0.0  # the largest target the search expects to probe (`offers` builds up to it)
         self.unguided = False  # `start` found its first plan only with no target: far from the optimum
+        self.fell_back = False  # `start` found its first plan on the walk from another size's fallback
         self._lower_bound: float | None = None
 
     @property
@@ -217,21 +228,15 @@ class Search:
         if guess_ms is None:
             guess_ms = self.lower_bound_ms() * FIRST_GUESS
         self.window_top = guess_ms * (1 + tolerance * 5)  # the first two probes of the walk up
-        if self._walk(guess_ms, tolerance):
+        walk = _walk(guess_ms, tolerance)
+        if any(self.attempt(max(target, self.lo)) for target in walk):
             return True
-        if far_ms is not None and far_ms > guess_ms * (1 + tolerance * 4) and self._walk(far_ms, tolerance):
-            return True
+        if far_ms is not None and far_ms > walk[-1]:
+            self.fell_back = any(self.attempt(max(target, self.lo)) for target in _walk(far_ms, tolerance))
+            if self.fell_back:
+                return True
         self.unguided = True
         return self.attempt(math.inf)
-
-    def _walk(self, guess_ms: float, tolerance: float) -> bool:
-        """Probes at the guess, then above it by steps growing from `tolerance` fourfold, while they fail."""
-        step, target = tolerance, guess_ms
-        while step < 1:
-            if self.attempt(max(target, self.lo)):
-                return True
-            target, step = guess_ms * (1 + step), step * 4
-        return False
 
     def narrow(self, tolerance: float, near_top: bool = True) -> None:
         """Shrink [lo, hi] below `tolerance` relative. When `hi` is likely close to the optimum (`near_top`),
@@ -333,7 +338,7 @@ def _coarse(search: Search, best_hi: float, ceiling_ms: float | None, ratio: flo
         search.lo = bound * (1 - TOLERANCE)
     elif not search.start(bound * ratio if ratio is not None else None, far_ms=None if far is None else bound * far):
         return None
-    near_top = (ratio is not None or far is not None or ceiling_ms is not None) and not search.unguided
+    near_top = (ratio is not None or search.fell_back or ceiling_ms is not None) and not search.unguided
     search.narrow(max(tolerance, COARSE_TOLERANCE), near_top=near_top)
     return search, bound
 

@@ -11,8 +11,8 @@ from graphpipe.planner.sp_dp.search import Search
 
 
 class _Size:
-    """A size whose plans exist from `optimum` (in units of its lower bound, 1.0) up: `Search.start` and its
-    walk over a stand-in for the DP's probe, recording the targets probed."""
+    """A size whose plans exist from `optimum` (in units of its lower bound, 1.0) up: `Search.start` over a
+    stand-in for the DP's probe that records the targets probed."""
 
     start = Search.start
 

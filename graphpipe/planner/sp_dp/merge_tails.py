@@ -136,7 +136,7 @@ class MergeTable:
         self.pinfo = pinfo
         self.join_ops = join_ops
         b, widest, model = tables.micro_batch_size, tables.degrees[-1], tables.model
-        join_ms = tables.join_totals(join_ops, b / widest)[0] / 2
+        join_ms = model.group_at(join_ops, b / widest)[0] / 2
         join_params = sum(model.param_bytes[op] for op in join_ops) / 2
         self.starts: list[np.ndarray] = []
         self.compute: list[np.ndarray] = []  # per tail: compute per sample on the widest degree, with J's half
@@ -192,7 +192,7 @@ class MergeTable:
         for pos, d1 in enumerate(tables.degrees):  # a degree at a time: a long pair of towers makes large planes
             per_device = b / d1
             (times0, acts0), (times1, acts1) = first.prefix_arrays(per_device), second.prefix_arrays(per_device)
-            join_ms, join_act = tables.join_totals(self.join_ops, per_device)
+            join_ms, join_act = model.group_at(self.join_ops, per_device)
             compute = (times0[-1] - times0[starts0])[:, None] + (times1[-1] - times1[starts1])[None, :] + join_ms
             plane = compute + p2p_ms_array(model.link, messages, num_bytes * per_device)
             plane /= b

@@ -258,7 +258,7 @@ class Probe:
                             row[v] = cost
                             chosen[v] = (group, 0)
                     continue
-                devices = self._merged_devices(pinfo, group, k_after)
+                devices = self._fewest(t.group_options(pinfo, group), k_after + 1)
                 if devices >= BIG:
                     if pinfo.interval and not prefixes:
                         break  # the next runs hold this one: more compute, traffic and memory, no fewer devices
@@ -281,9 +281,6 @@ class Probe:
                 return [(1 << size) - 1 for size in range(1, count + 1)]
             return [full & ~((1 << pos) - 1) for pos in range(count - 1, -1, -1)]
         return sorted(range(1, full + 1), key=lambda m: bin(m).count("1"))
-
-    def _merged_devices(self, pinfo: ParInfo, group: int, k_after: int) -> int:
-        return self._fewest(self.tables.group_options(pinfo, group), k_after + 1)
 
     def _fewest(self, options: list[tuple[int, float, int]], held: int) -> int:
         """The fewest devices of a stage's options (`SizeTables.group_options`) that meet the target and hold

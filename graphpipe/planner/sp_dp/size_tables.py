@@ -245,7 +245,7 @@ class SizeTables:
         if hit is None:
             _, params, messages, num_bytes = pinfo.with_join(start, join_ops)
             branches = self._group_totals(pinfo, pinfo.lightest_from(start))
-            joins = (self.join_totals(join_ops, self.micro_batch_size / d1) for d1 in self.degrees)
+            joins = (self.model.group_at(join_ops, self.micro_batch_size / d1) for d1 in self.degrees)
             totals = [(compute + join_compute, act + join_act)
                       for (compute, act), (join_compute, join_act) in zip(branches, joins)]
             hit = self._joined[key] = self._options(params, messages, num_bytes, totals)
@@ -289,7 +289,3 @@ class SizeTables:
         meets &= fits
         holds = meets[None] & (k_max[None] >= held[:, None, None, None])
         return fewest_degree(holds, self.degrees, axis=1)
-
-    def join_totals(self, join_ops: tuple[str, ...], per_device_batch: float) -> tuple[float, float]:
-        """(fwd + bwd ms, activation bytes) of a join run at `per_device_batch` samples (`CostModel.group_at`)."""
-        return self.model.group_at(join_ops, per_device_batch)

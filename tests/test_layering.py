@@ -124,7 +124,7 @@ def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_planner_modules_import_no_cycle() -> None:
     """Inside graphpipe/planner/ (sub-packages included) the module imports form a DAG: each module can be
     read and changed knowing only the modules below it (the DP core `planner/sp_dp/` is ordered blocks ->
-    tables -> size_tables -> need -> fork_join -> probe -> search)."""
+    tables -> size_tables -> need -> runs, fork_join -> probe -> search)."""
     paths = sorted((PACKAGE / "planner").rglob("*.py"))
     known = {_module_name(path) for path in paths}
     graph = {_module_name(path): _edges(path.read_text(), _module_name(path), path.name == "__init__.py", known)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from graphpipe.errors import CostError
@@ -68,6 +69,13 @@ class CostTable(JsonFile):
         for per_batch in self.entries.values():
             sizes.update(per_batch)
         return tuple(sorted(sizes))
+
+    @cached_property
+    def cost_classes(self) -> dict[str, int]:
+        """Per op, a number shared by exactly the ops whose entries are equal at every stored size: they cost
+        the same at any batch (the identical layers of a model). Made once per table."""
+        classes: dict[tuple[tuple[int, OpCost], ...], int] = {}
+        return {op: classes.setdefault(tuple(sorted(per.items())), len(classes)) for op, per in self.entries.items()}
 
     def at(self, op: str, batch: float) -> OpCost:
         """Cost of `op` on `batch` samples (interpolated between stored sizes)."""

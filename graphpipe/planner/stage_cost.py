@@ -51,6 +51,7 @@ class CostModel:
         self.link = p2p_link(cluster)
         self._by_batch: dict[float, dict[str, tuple[float, float, float]]] = {}
         self._groups: dict[tuple[tuple[str, ...], float], tuple[float, float]] = {}
+        self._stages: dict[tuple[tuple[str, ...], int, int], StageCost] = {}
         ref = max(costs.micro_batch_sizes, default=1)
         self.out_bytes_per_sample: dict[str, float] = {}
         self.param_bytes: dict[str, int] = {}
@@ -115,8 +116,20 @@ class CostModel:
     def stage_cost(self, ops: Iterable[str], num_devices: int, micro_batch_size: int,
                    boundary: tuple[int, float] | None = None, params: int | None = None) -> StageCost:
         """The stage of `ops` on `num_devices` devices; `boundary` (messages, bytes per sample) and `params`
-        (weight bytes) when the caller has them: they depend on neither the devices nor the micro-batch."""
+        (weight bytes) when the caller has them: they depend on neither the devices nor the micro-batch.
+        Cached when the caller has neither: a search costs the stages of each plan it finds, and the plans
+        found again by later probes, by the chain pass's ceiling and by the plans' assembly are the same."""
         ops = tuple(ops)
+        if boundary is None and params is None:
+            key = (ops, num_devices, micro_batch_size)
+            hit = self._stages.get(key)
+            if hit is None:
+                hit = self._stages[key] = self._stage_cost(ops, num_devices, micro_batch_size, None, None)
+            return hit
+        return self._stage_cost(ops, num_devices, micro_batch_size, boundary, params)
+
+    def _stage_cost(self, ops: tuple[str, ...], num_devices: int, micro_batch_size: int,
+                    boundary: tuple[int, float] | None, params: int | None) -> StageCost:
         per_device = micro_batch_size / num_devices
         at = self.ops_at(per_device)
         fwd = bwd = act = 0.0

@@ -43,3 +43,14 @@ def test_round_trip(tmp_path) -> None:
 def test_negative_costs_are_rejected() -> None:
     with pytest.raises(CostError):
         OpCost(fwd_ms=-1, bwd_ms=0, act_bytes=0, output_bytes=0, param_bytes=0)
+
+
+def test_cost_classes_group_exactly_the_ops_with_equal_entries() -> None:
+    def cost(ms: float) -> OpCost:
+        return OpCost(fwd_ms=ms, bwd_ms=2 * ms, act_bytes=8, output_bytes=8, param_bytes=100)
+
+    entries = {"a": {1: cost(1.0), 4: cost(2.0)}, "b": {1: cost(1.0), 4: cost(2.0)},
+               "c": {1: cost(1.0), 4: cost(2.5)}, "d": {1: cost(1.0)}}
+    classes = CostTable(device="cpu", source="analytic", entries=entries).cost_classes
+    assert classes["a"] == classes["b"]  # equal at every stored size
+    assert len({classes["a"], classes["c"], classes["d"]}) == 3  # other costs at 4, or no entry at 4

@@ -43,3 +43,13 @@ def test_crossing_tensors_name_producers_once_per_stage_pair() -> None:
     stage_of = {"x": 0, "b0_0": 1, "b1_0": 2, "cat": 3, "head": 3, "output": 3}
     tensors = crossing_tensors(graph, stage_of)
     assert tensors == {(1, 3): ("b0_0",), (2, 3): ("b1_0",)}  # the input x is read from the data, not sent
+
+
+def test_a_stage_is_costed_once_and_the_same_as_with_its_boundary_given() -> None:
+    graph = chain_graph(3)
+    model = CostModel(graph, make_costs(graph, output_bytes=1000), make_cluster(4), global_batch_size=8)
+    first = model.stage_cost(("l0", "l1"), num_devices=2, micro_batch_size=4)
+    assert model.stage_cost(["l0", "l1"], num_devices=2, micro_batch_size=4) is first  # cached
+    given = model.stage_cost(("l0", "l1"), 2, 4, boundary=model.boundary(("l0", "l1")),
+                             params=sum(model.param_bytes[op] for op in ("l0", "l1")))
+    assert given == first and given is not first  # the caller's numbers are not cached

@@ -68,8 +68,9 @@ Modules, bottom to top (each imports only those before it; `tests/test_layering.
 
     blocks       constants (BIG, branch limits) and the fork/join blocks of a chain (structure only)
     tables       per tree: ChainInfo (prefix sums, boundary traffic), ParInfo, ChainTables (by index)
-    size_tables  per micro-batch size: segment arrays, offers, merged-group options, degrees
+    size_tables  per micro-batch size: segment arrays, offers, merged-group and run options, degrees
     need         need-vector helpers, the chain step (write, settle), typed choice records, solutions
+    runs         the parallel DP of a block of many branches over runs of its sorted branches, as arrays
     fork_join    fork/join layouts and their solver, typed against the probe's Protocol
     probe        one DP run at a target: chains, parallel blocks, reconstruction of the stages
     search       the search on the target per size, `partition_sp`, the caches that outlive a call

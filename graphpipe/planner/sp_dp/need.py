@@ -18,6 +18,7 @@ saved nothing measurable, so there is one step.)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -72,11 +73,17 @@ class ChainSol:
 
 @dataclass(slots=True)
 class ParSol:
-    """Need vectors of a parallel block's branch subsets (bit masks, `full` = every branch) and their choices."""
+    """Need vectors of a parallel block's branch subsets (bit masks, `full` = every branch) and their choices:
+    recorded per cell (`choice`), or found again on demand by `pick` (`runs.RunSol.pick`)."""
 
     need: dict[int, list[int]]
     choice: dict[int, list[GroupChoice | None]]
     full: int
+    pick: Callable[[int, int], GroupChoice] | None = None
+
+    def chosen(self, mask: int, v: int) -> GroupChoice | None:
+        """The choice of cell v of sub-problem `mask`."""
+        return self.pick(mask, v) if self.pick is not None else self.choice[mask][v]
 
 
 @dataclass(slots=True)

@@ -25,7 +25,7 @@ with up to 4 branches, runs of consecutive sorted branches above, where M is a s
 sorted order, or for `joined` a prefix, G then the runs ending at M's last branch):
 
     base:     par[{}][v] = 0 if v >= k_after or P has no bypass edge else BIG
-    group:    par[M][v] = min over G of g_G[v] + par[M \\ G][v]
+    group:    par[M][v] = min over G of g_G[v] + par[M \\ G][v]     (runs: one numpy minimum per M, `runs`)
               g_G = the branch's chain need_0 given k_after        (G one branch)
               g_G[v] = fewest d1 with TPS <= T and k_max >= k_after + 1, for v > k_after  (G merged)
 
@@ -39,6 +39,8 @@ from bisect import bisect_right
 from collections.abc import Callable
 from functools import partial
 from typing import Literal, Protocol
+
+import numpy as np
 
 from graphpipe.graph.sp import SPChain
 from graphpipe.planner.sp_dp.blocks import BIG, MAX_ENUMERATED_BRANCHES
@@ -61,6 +63,7 @@ from graphpipe.planner.sp_dp.need import (
     settle,
     write_segments,
 )
+from graphpipe.planner.sp_dp.runs import fewest_per_run, solve_runs
 from graphpipe.planner.sp_dp.size_tables import SegmentOffers, SizeTables, dominance_cap
 from graphpipe.planner.sp_dp.tables import BlockKey, ChainInfo, ParInfo
 from graphpipe.planner.stage_spec import StageSpec
@@ -241,14 +244,16 @@ class Probe:
         max_v = t.max_v
         full = (1 << len(pinfo.par.branches)) - 1
         base = [0 if (v >= k_after or not pinfo.par.has_bypass) else BIG for v in range(max_v + 1)]
+        if pinfo.interval:
+            return self._solve_runs(pinfo, k_after, prefixes, base)
+        assert not prefixes, "prefixes are the sub-problems of a block of runs (`joined`)"
         need: dict[int, list[int]] = {0: base}
         choice: dict[int, list[GroupChoice | None]] = {0: [None] * (max_v + 1)}
-        groups_of = pinfo.runs_ending_at_top if prefixes else pinfo.groups_of
         cells = range(k_after + 1, max_v + 1)  # a group's entry holds at least k_after + 1: BIG below
-        for mask in self._masks(pinfo, full, prefixes):
+        for mask in sorted(range(1, full + 1), key=lambda m: bin(m).count("1")):  # smaller first
             row = [BIG] * (max_v + 1)
             chosen: list[GroupChoice | None] = [None] * (max_v + 1)
-            for group in groups_of(mask):
+            for group in pinfo.groups_of(mask):
                 rest = need[mask ^ group]
                 if group & (group - 1) == 0:  # one branch, staged as its chain
                     vec = self.chain(pinfo.branch_infos[group.bit_length() - 1], k_after).need[0]
@@ -260,8 +265,6 @@ class Probe:
                     continue
                 devices = self._fewest(t.group_options(pinfo, group), k_after + 1)
                 if devices >= BIG:
-                    if pinfo.interval and not prefixes:
-                        break  # the next runs hold this one: more compute, traffic and memory, no fewer devices
                     continue
                 for v in cells:
                     cost = devices + rest[v]
@@ -272,15 +275,14 @@ class Probe:
             choice[mask] = chosen
         return ParSol(need=need, choice=choice, full=full)
 
-    @staticmethod
-    def _masks(pinfo: ParInfo, full: int, prefixes: bool = False) -> list[int]:
-        """Sub-problems in the order they are needed (smaller first)."""
-        if pinfo.interval:
-            count = full.bit_length()
-            if prefixes:
-                return [(1 << size) - 1 for size in range(1, count + 1)]
-            return [full & ~((1 << pos) - 1) for pos in range(count - 1, -1, -1)]
-        return sorted(range(1, full + 1), key=lambda m: bin(m).count("1"))
+    def _solve_runs(self, pinfo: ParInfo, k_after: int, prefixes: bool, base: list[int]) -> ParSol:
+        """`_solve_par` for a block of runs (`ParInfo.interval`), as arrays (`runs`): the same vectors and choices."""
+        t = self.tables
+        tps, k_max = t.run_options(pinfo)
+        fewest = fewest_per_run(tps, k_max, t.degrees, self.target, k_after + 1, cut_after_first_miss=not prefixes)
+        chains = np.array([self.chain(info, k_after).need[0] for info in pinfo.branch_infos], dtype=np.int64)
+        sol = solve_runs(fewest, chains, base, k_after, t.num_devices, prefixes)
+        return ParSol(need=sol.need(), choice={}, full=(1 << len(chains)) - 1, pick=sol.pick)
 
     def _fewest(self, options: list[tuple[int, float, int]], held: int) -> int:
         """The fewest devices of a stage's options (`SizeTables.group_options`) that meet the target and hold
@@ -383,7 +385,7 @@ class Probe:
         sol = self.par(pinfo, k_after, prefixes)
         mask = sol.full if mask is None else mask
         while mask:
-            chosen = sol.choice[mask][v]
+            chosen = sol.chosen(mask, v)
             assert chosen is not None, "reconstructing an infeasible parallel state"
             group, devices = chosen
             if group & (group - 1) == 0:

@@ -7,7 +7,8 @@ micro-batch (degree x (L + 1) x (L + 1) numpy arrays; `SizeTables._segment_array
 reads them as *offers*: the (segment, degree) pairs within its TPS target that fit and that no
 smaller degree of the same segment dominates, sorted by TPS per start
 (`SizeTables.build_offers`), and merged branch groups of parallel blocks as a few
-(devices, TPS, most in flight) options (`SizeTables.group_options`). The arrays that no size
+(devices, TPS, most in flight) options (`SizeTables.group_options`; for the runs of a block of
+many branches, all at once as arrays: `SizeTables.run_options`). The arrays that no size
 changes are built once per chain (`ChainConstants`) and shared by all sizes.
 
 Per segment [i, j) on d1 devices, with b the micro-batch and B the mini-batch, through the numpy twins of
@@ -30,6 +31,7 @@ import numpy as np
 from graphpipe.cost.formulas.communication import p2p_ms, p2p_ms_array, ring_all_reduce_ms_array
 from graphpipe.cost.formulas.memory import (
     OPTIMIZER_STATE_FACTOR,
+    UNBOUNDED,
     max_in_flight_micro_batches,
     max_in_flight_micro_batches_array,
 )
@@ -125,6 +127,7 @@ class SizeTables:
         self._groups: dict[tuple[int, int], list[tuple[int, float, int]]] = {}
         self._totals: dict[tuple[int, int], list[tuple[float, float]]] = {}
         self._joined: dict[tuple[int, int, tuple[str, ...]], list[tuple[int, float, int]]] = {}
+        self._runs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def segment_rows(self, info: ChainInfo, start: int, d1: int,
                      target_ms: float) -> tuple[list[float], list[float], list[int]]:
@@ -237,6 +240,40 @@ class SizeTables:
             _, params, messages, num_bytes = pinfo.group(group)
             hit = self._groups[key] = self._options(params, messages, num_bytes, self._group_totals(pinfo, group))
         return hit
+
+    def run_options(self, pinfo: ParInfo) -> tuple[np.ndarray, np.ndarray]:
+        """(TPS, most in flight) of every run [g, s) of at least two sorted branches merged into one stage, as
+        (n + 1) x (n + 1) x degrees arrays (inf and -1 elsewhere, and where the weights alone do not fit), for
+        the DP over runs (`runs.fewest_per_run`); cached. The numbers of `group_options`, float for float: its
+        formulas evaluated elementwise in the same order, on its totals (each run's left fold over its branches
+        is `np.add.accumulate` from the run's first branch)."""
+        hit = self._runs.get(pinfo.index)
+        if hit is None:
+            hit = self._runs[pinfo.index] = self._run_arrays(pinfo)
+        return hit
+
+    def _run_arrays(self, pinfo: ParInfo) -> tuple[np.ndarray, np.ndarray]:
+        count, width = len(pinfo.branch_infos), len(self.degrees)
+        size, b, model = count + 1, self.micro_batch_size, self.model
+        single = np.array([self._group_totals(pinfo, 1 << pos) for pos in range(count)])  # branch x degree x 2
+        totals = np.zeros((size, size, width, 2))
+        for start in range(count):
+            totals[start, start + 1:] = np.add.accumulate(single[start:], axis=0)
+        params, messages, num_bytes = pinfo.run_traffic()
+        fits = OPTIMIZER_STATE_FACTOR * params <= self.memory_limit
+        fits &= np.triu(np.ones((size, size), dtype=bool), 2)
+        spare = self.memory_limit - OPTIMIZER_STATE_FACTOR * params
+        tps, k_max = np.full((size, size, width), math.inf), np.full((size, size, width), -1, dtype=np.int64)
+        for pos, d1 in enumerate(self.degrees):
+            compute, act = totals[:, :, pos, 0], totals[:, :, pos, 1]
+            comm = p2p_ms_array(model.link, messages, num_bytes * b / d1)
+            reduce_ms = ring_all_reduce_ms_array(all_reduce_link(model.cluster, d1), params.astype(float), d1)
+            tps[:, :, pos] = np.where(fits, (compute + comm) / b + reduce_ms / self.global_batch_size, math.inf)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                most = np.floor_divide(spare, act)
+            most = np.where(act > 0, np.where(most >= self.num_micro_batches, UNBOUNDED, most), UNBOUNDED)
+            k_max[:, :, pos] = np.where(fits, np.where(spare < 0, -1, most), -1)
+        return tps, k_max
 
     def joined_options(self, pinfo: ParInfo, start: int, join_ops: tuple[str, ...]) -> list[tuple[int, float, int]]:
         """`group_options` of the sorted branches from `start` on merged with the join run (`ParInfo.with_join`)."""

@@ -123,6 +123,46 @@ class ChainInfo:
         row.extend_to(stop)
         return row.messages[stop - start], row.bytes_per_sample[stop - start]
 
+    def wiring(self) -> tuple[object, ...]:
+        """What the DP reads of the chain, with its ops replaced by their positions: per item, per op in order,
+        its costs (`CostTable.cost_classes`), weights, output bytes, number of readers, and its producers:
+        positions in the chain and outside producers (numbered by first read, with their output bytes),
+        each sorted. Chains of equal wiring are the same graph under the map between their ops (and between
+        their outside producers that the numbering gives), at the same costs: the same segment costs and the
+        same traffic across every segment; the same floats where every partial sum of bytes is exact
+        (`exact_traffic`), whatever order the edges are listed in."""
+        model, size = self.model, self.model.out_bytes_per_sample
+        classes = model.costs.cost_classes
+        position = {op: idx for idx, op in enumerate(op for ops in self.item_ops for op in ops)}
+        outside: dict[str, int] = {}
+        out: list[object] = []
+        for ops in self.item_ops:
+            item: list[object] = []
+            for op in ops:
+                inside: list[int] = []
+                reads: list[str] = []
+                for pred in model.preds[op]:
+                    at = position.get(pred)
+                    if at is None:
+                        reads.append(pred)
+                    else:
+                        inside.append(at)
+                fresh = [pred for pred in reads if pred not in outside]
+                for pred in sorted(fresh, key=size.__getitem__) if len(fresh) > 1 else fresh:
+                    outside[pred] = len(outside)
+                item.append((classes[op], model.param_bytes[op], size[op], len(model.succs[op]), tuple(sorted(inside)),
+                             tuple(sorted((outside[pred], size[pred]) for pred in reads))))
+            out.append(tuple(item))
+        return tuple(out)
+
+    def exact_traffic(self) -> bool:
+        """Every partial sum of the bytes the chain's boundaries carry is exact in floating point (`_exact_sums`
+        over the outputs of its ops and of the producers it reads), so any order of adding them is the same."""
+        size = self.model.out_bytes_per_sample
+        tensors = {op for ops in self.item_ops for op in ops}
+        tensors.update(pred for op in list(tensors) for pred in self.model.preds[op])
+        return _exact_sums([size[op] for op in tensors])
+
     def boundary_matrix(self) -> tuple[np.ndarray, np.ndarray]:
         """(messages, bytes per sample) of every segment [i, j) as (L + 1) x (L + 1) arrays (j > i)."""
         if self._matrix is None:
@@ -261,6 +301,7 @@ class ParInfo:
         self._groups: dict[int, tuple[tuple[str, ...], int, int, float]] = {}
         self._boundaries: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
         self._joined: dict[tuple[int, tuple[str, ...]], tuple[tuple[str, ...], int, int, float]] = {}
+        self._run_traffic: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         # per join run, a merge stage's traffic on every pair of tails (`merge_tails.merge_boundary`), for every size
         self.merge_boundaries: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
 
@@ -279,6 +320,20 @@ class ParInfo:
             hit = self._groups[mask] = (ops, params, messages, num_bytes)
         return hit
 
+    def run_traffic(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(param bytes, messages, bytes per sample) of every run [g, s) of sorted branches as one stage (`group`),
+        as (n + 1) x (n + 1) arrays (0 where s < g + 2); cached (every size reads the same)."""
+        if self._run_traffic is None:
+            size = len(self.branch_infos) + 1
+            params, messages = np.zeros((size, size), dtype=np.int64), np.zeros((size, size), dtype=np.int64)
+            num_bytes = np.zeros((size, size))
+            for start in range(size - 2):
+                for stop in range(start + 2, size):
+                    _, params[start, stop], messages[start, stop], num_bytes[start, stop] = \
+                        self.group((1 << stop) - (1 << start))
+            self._run_traffic = (params, messages, num_bytes)
+        return self._run_traffic
+
     def _sides(self, mask: int) -> tuple[frozenset[str], frozenset[str]]:
         """(received, sent) tensors of the branches in `mask` as one stage: the unions of the branches' own,
         as no edge joins two branches of a block (`CostModel.boundary_sides`, grown a branch at a time)."""
@@ -294,16 +349,9 @@ class ParInfo:
         return hit
 
     def groups_of(self, mask: int) -> Iterator[int]:
-        """Groups that contain the lowest branch of `mask`."""
+        """Groups that contain the lowest branch of `mask`: every subset (a block of up to
+        MAX_ENUMERATED_BRANCHES branches; one of more groups runs only: `runs`)."""
         low = mask & -mask
-        if self.interval:
-            group = 0
-            pos = low
-            while pos and mask & pos:
-                group |= pos
-                yield group
-                pos <<= 1
-            return
         rest = mask ^ low
         sub = rest
         while True:
@@ -311,15 +359,6 @@ class ParInfo:
             if not sub:
                 return
             sub = (sub - 1) & rest
-
-    @staticmethod
-    def runs_ending_at_top(prefix: int) -> Iterator[int]:
-        """The runs of sorted branches that end a prefix of the sorted order (a bit mask), the longest first."""
-        end = 1 << prefix.bit_length()
-        low = prefix & -prefix
-        while low < end:
-            yield end - low
-            low <<= 1
 
     def join_groups(self) -> range:
         """The groups a join run's stage may take whole (`Probe.joined`): with runs (`interval`), the runs that end
@@ -395,8 +434,7 @@ class ChainTables:
         self.pars: list[ParInfo] = []
         self._chains: list[ChainInfo] = []
         self._extended: dict[ExtendedKey, ChainInfo] = {}
-        self._by_signature: dict[tuple[object, ...], list[ChainInfo]] = {}
-        self._cost_class: dict[str, str] = {}  # op -> an op with equal cost entries, from the twins found
+        self._by_wiring: dict[tuple[object, ...], list[ChainInfo]] = {}
         self.root = self._add_tree(tree)
 
     def __len__(self) -> int:
@@ -426,35 +464,20 @@ class ChainTables:
         return info
 
     def twin_of(self, info: ChainInfo) -> ChainInfo | None:
-        """An earlier chain the DP cannot tell from `info`, or None: both without parallel items, with items of
-        the same ops' costs at every stored batch, weights and output sizes, and the same traffic across every
-        segment's boundary (`boundary_matrix`). Its segment tables are then the same numbers, and so are its
-        rows in any probe: the identical branches of a block (one encoder per modality, one MLP per feature)
-        are tabled and solved once."""
+        """An earlier chain the DP cannot tell from `info`, or None: both without parallel items and with the
+        same wiring (`ChainInfo.wiring`: costs, weights, output sizes and edges, so the same costs and traffic
+        for every segment; where a sum of bytes could round, the boundary matrices themselves are compared).
+        Its segment tables are then the same numbers, and so are its rows in any probe: the identical
+        branches of a block (one encoder per modality, one MLP per feature) are tabled and solved once."""
         if info.has_parallel:
             return None
-        model = self.model
-        signature = tuple(tuple((model.param_bytes[op], model.out_bytes_per_sample[op]) for op in ops)
-                          for ops in info.item_ops)  # cheap to hash; the costs are compared below
-        same = self._by_signature.setdefault(signature, [])
+        same = self._by_wiring.setdefault(info.wiring(), [])
         for twin in same:
-            if all(self._same_costs(mine, theirs) for mine, theirs in zip(info.chain.ops, twin.chain.ops)) and \
-                    all(np.array_equal(mine, theirs) for mine, theirs in zip(info.boundary_matrix(),
-                                                                              twin.boundary_matrix())):
-                for mine, theirs in zip(info.chain.ops, twin.chain.ops):
-                    self._cost_class[mine] = self._cost_class.get(theirs, theirs)
+            if info.exact_traffic() or all(np.array_equal(mine, theirs) for mine, theirs in
+                                           zip(info.boundary_matrix(), twin.boundary_matrix())):
                 return twin
         same.append(info)
         return None
-
-    def _same_costs(self, op: str, other: str) -> bool:
-        """Whether two ops have equal cost entries at every stored batch: known without comparing them when an
-        earlier twin matched them (the extended chains of twin branches repeat the branches' ops)."""
-        classes = self._cost_class
-        if classes.get(op, op) == classes.get(other, other):
-            return True
-        entries = self.model.costs.entries
-        return entries[op] == entries[other]
 
     def extended(self, block: Block, pos: int, with_fork: bool, with_join: bool) -> ChainInfo:
         """Branch at sorted position `pos` of the block with the fork run prepended and/or the join run appended

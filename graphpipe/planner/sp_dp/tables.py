@@ -349,8 +349,8 @@ class ParInfo:
         return hit
 
     def groups_of(self, mask: int) -> Iterator[int]:
-        """Groups that contain the lowest branch of `mask`: every subset (a block of up to
-        MAX_ENUMERATED_BRANCHES branches; one of more groups runs only: `runs`)."""
+        """Groups that contain the lowest branch of `mask`: every subset (for a block of up to
+        MAX_ENUMERATED_BRANCHES branches; a wider block groups runs of sorted branches only: `runs`)."""
         low = mask & -mask
         rest = mask ^ low
         sub = rest

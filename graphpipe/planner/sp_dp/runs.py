@@ -13,7 +13,7 @@ for v > k_after (BIG below), capped at the devices. In the suffixes, the runs af
 on no degree are not tried (each holds that run: more compute, traffic and memory, never fewer
 devices), so F is BIG from there on. Each sub-problem is one numpy minimum over all its runs and
 cells at once, where a loop per run and cell costs a Python step each: with 14 branches and 32
-devices that loop was most of a probe.
+devices that loop was about half of a probe.
 
 The loop recorded a choice per cell; here the choices are found again only for the cells the
 stages are rebuilt from (`RunSol.pick`): the first candidate, in the loop's order (shortest run

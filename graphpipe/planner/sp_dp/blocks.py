@@ -10,12 +10,24 @@ exhaustive baseline reads the same blocks to enumerate exactly the partitions th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
 
 from graphpipe.graph.sp import SPChain, SPLeaf, SPParallel
 
 BIG = 1 << 40  # an infeasible device count: above any sum of real counts, still a plain int
 MAX_ENUMERATED_BRANCHES = 4  # up to this many branches every grouping is tried, above only runs of sorted branches
 MERGE_BRANCHES = 2  # merge stages (both branches' tails + J) only in blocks of exactly this many branches
+
+
+@cache
+def merged_runs(size: int) -> np.ndarray:
+    """Over a block of size - 1 sorted branches, [g, s] is True where the run [g, s) merges at least two branches
+    (s >= g + 2): the runs a block of runs costs as one stage (`runs`). Read only."""
+    runs = np.triu(np.ones((size, size), dtype=bool), 2)
+    runs.flags.writeable = False
+    return runs
 
 
 @dataclass(frozen=True, slots=True)

@@ -391,7 +391,7 @@ class Probe:
             if group & (group - 1) == 0:
                 self.emit_chain(pinfo.branch_infos[group.bit_length() - 1], k_after, v, out)
             else:
-                out.append(StageSpec(ops=pinfo.group(group)[0], num_devices=devices,
+                out.append(StageSpec(ops=pinfo.group_ops(group), num_devices=devices,
                                      micro_batch_size=self.tables.micro_batch_size))
             mask ^= group
 

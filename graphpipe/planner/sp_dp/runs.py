@@ -24,11 +24,10 @@ what the loop's strict improvements kept.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 
 import numpy as np
 
-from graphpipe.planner.sp_dp.blocks import BIG
+from graphpipe.planner.sp_dp.blocks import BIG, merged_runs
 from graphpipe.planner.sp_dp.need import GroupChoice
 
 
@@ -40,21 +39,13 @@ def fewest_per_run(tps: np.ndarray, k_max: np.ndarray, degrees: tuple[int, ...],
     meets = tps <= target_ms
     meets &= k_max >= held
     fewest = np.where(meets.any(axis=2), np.array(degrees, dtype=np.int64)[meets.argmax(axis=2)], BIG)
-    runs = _runs(fewest.shape[0])
+    runs = merged_runs(fewest.shape[0])
     if cut_after_first_miss:
         missed = fewest >= BIG
         missed &= runs
         fewest[np.logical_or.accumulate(missed, axis=1)] = BIG
     fewest[~runs] = BIG
     return fewest
-
-
-@cache
-def _runs(size: int) -> np.ndarray:
-    """[g, s] is a run of at least two branches: s >= g + 2 (read only)."""
-    runs = np.triu(np.ones((size, size), dtype=bool), 2)
-    runs.flags.writeable = False
-    return runs
 
 
 @dataclass(slots=True)

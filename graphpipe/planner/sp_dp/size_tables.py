@@ -36,7 +36,7 @@ from graphpipe.cost.formulas.memory import (
     max_in_flight_micro_batches_array,
 )
 from graphpipe.cost.formulas.time_per_sample import time_per_sample_ms, time_per_sample_ms_array
-from graphpipe.planner.sp_dp.blocks import BIG
+from graphpipe.planner.sp_dp.blocks import BIG, merged_runs
 from graphpipe.planner.sp_dp.tables import ChainInfo, ParInfo
 from graphpipe.planner.stage_cost import CostModel, all_reduce_link
 
@@ -237,7 +237,7 @@ class SizeTables:
         key = (pinfo.index, group)
         hit = self._groups.get(key)
         if hit is None:
-            _, params, messages, num_bytes = pinfo.group(group)
+            params, messages, num_bytes = pinfo.group_costs(group)
             hit = self._groups[key] = self._options(params, messages, num_bytes, self._group_totals(pinfo, group))
         return hit
 
@@ -261,7 +261,7 @@ class SizeTables:
             totals[start, start + 1:] = np.add.accumulate(single[start:], axis=0)
         params, messages, num_bytes = pinfo.run_traffic()
         fits = OPTIMIZER_STATE_FACTOR * params <= self.memory_limit
-        fits &= np.triu(np.ones((size, size), dtype=bool), 2)
+        fits &= merged_runs(size)
         spare = self.memory_limit - OPTIMIZER_STATE_FACTOR * params
         tps, k_max = np.full((size, size, width), math.inf), np.full((size, size, width), -1, dtype=np.int64)
         for pos, d1 in enumerate(self.degrees):

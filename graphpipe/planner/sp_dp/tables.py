@@ -298,39 +298,47 @@ class ParInfo:
         self.branch_infos = [branch_infos[r] for r in self.order]
         self.model = model
         self.interval = len(par.branches) > MAX_ENUMERATED_BRANCHES
-        self._groups: dict[int, tuple[tuple[str, ...], int, int, float]] = {}
+        self._groups: dict[int, tuple[int, int, float]] = {}
+        self._group_ops: dict[int, tuple[str, ...]] = {}
         self._boundaries: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
         self._joined: dict[tuple[int, tuple[str, ...]], tuple[tuple[str, ...], int, int, float]] = {}
         self._run_traffic: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         # per join run, a merge stage's traffic on every pair of tails (`merge_tails.merge_boundary`), for every size
         self.merge_boundaries: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
 
-    def group(self, mask: int) -> tuple[tuple[str, ...], int, int, float]:
-        """(ops, param bytes, messages, bytes per sample) of the branches in `mask` as one stage."""
+    def group_ops(self, mask: int) -> tuple[str, ...]:
+        """The ops of the branches in `mask`, in branch order (built only for the stages a plan has, and a join's)."""
+        hit = self._group_ops.get(mask)
+        if hit is None:
+            top = 1 << (mask.bit_length() - 1)
+            top_ops = self.branch_infos[mask.bit_length() - 1].chain.ops
+            hit = self._group_ops[mask] = top_ops if mask == top else self.group_ops(mask ^ top) + top_ops
+        return hit
+
+    def group_costs(self, mask: int) -> tuple[int, int, float]:
+        """(param bytes, messages, bytes per sample) of the branches in `mask` as one stage; cached."""
         hit = self._groups.get(mask)
         if hit is None:
             top = 1 << (mask.bit_length() - 1)
             if mask == top:
-                ops = self.branch_infos[mask.bit_length() - 1].chain.ops
-                params = sum(self.model.param_bytes[op] for op in ops)
-            else:  # the lower branches, then the top one: branch order, as one pass over them would give
-                (rest_ops, rest_params, *_), (top_ops, top_params, *_) = self.group(mask ^ top), self.group(top)
-                ops, params = rest_ops + top_ops, rest_params + top_params
+                params = sum(self.model.param_bytes[op] for op in self.branch_infos[mask.bit_length() - 1].chain.ops)
+            else:
+                params = self.group_costs(mask ^ top)[0] + self.group_costs(top)[0]
             messages, num_bytes = self.model.crossing(*self._sides(mask))
-            hit = self._groups[mask] = (ops, params, messages, num_bytes)
+            hit = self._groups[mask] = (params, messages, num_bytes)
         return hit
 
     def run_traffic(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(param bytes, messages, bytes per sample) of every run [g, s) of sorted branches as one stage (`group`),
-        as (n + 1) x (n + 1) arrays (0 where s < g + 2); cached (every size reads the same)."""
+        """(param bytes, messages, bytes per sample) of every run [g, s) of sorted branches as one stage
+        (`group_costs`), as (n + 1) x (n + 1) arrays (0 where s < g + 2); cached (every size reads the same)."""
         if self._run_traffic is None:
             size = len(self.branch_infos) + 1
             params, messages = np.zeros((size, size), dtype=np.int64), np.zeros((size, size), dtype=np.int64)
             num_bytes = np.zeros((size, size))
             for start in range(size - 2):
                 for stop in range(start + 2, size):
-                    _, params[start, stop], messages[start, stop], num_bytes[start, stop] = \
-                        self.group((1 << stop) - (1 << start))
+                    params[start, stop], messages[start, stop], num_bytes[start, stop] = \
+                        self.group_costs((1 << stop) - (1 << start))
             self._run_traffic = (params, messages, num_bytes)
         return self._run_traffic
 
@@ -371,9 +379,9 @@ class ParInfo:
         key = (start, join_ops)
         hit = self._joined.get(key)
         if hit is None:
-            branch_ops, branch_params, *_ = self.group(self.lightest_from(start))
-            ops = branch_ops + join_ops
-            params = branch_params + sum(self.model.param_bytes[op] for op in join_ops)
+            lightest = self.lightest_from(start)
+            ops = self.group_ops(lightest) + join_ops
+            params = self.group_costs(lightest)[0] + sum(self.model.param_bytes[op] for op in join_ops)
             hit = self._joined[key] = (ops, params, *self.model.boundary(ops))
         return hit
 

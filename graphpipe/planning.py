@@ -141,21 +141,22 @@ def _using_all(candidates: Sequence[Plan], num_devices: int, planner: str) -> tu
 def _best_simulated(candidates: Sequence[Plan], costs: CostTable, cluster: Cluster,
                     beat_s: float = math.inf) -> tuple[float, Plan] | None:
     """(simulated iteration seconds, plan) of the fastest candidate; ties go to the smaller TPS, then to the
-    earlier candidate. Candidates are simulated by increasing lower bound (`iteration_lower_bound_s`), and
+    earlier candidate. Candidates are simulated by increasing lower bound (`plan_bounds`), and
     those whose bound is above the best iteration so far, or above `beat_s`, are skipped: they could not
     win, and they are the slow ones to simulate (many micro-batches). A simulation also stops as soon as
     its iteration is certain to be longer than the best so far (`iteration_time_s`). None when every
     bound is above `beat_s`."""
-    from graphpipe.simulation.simulator import iteration_lower_bound_s, iteration_time_s
+    from graphpipe.simulation.simulator import iteration_time_s, plan_bounds
 
-    bounds = sorted((iteration_lower_bound_s(c, costs, cluster), idx) for idx, c in enumerate(candidates))
+    per_plan = [plan_bounds(candidate, costs, cluster) for candidate in candidates]
+    bounds = sorted((found.lower_bound_s, idx) for idx, found in enumerate(per_plan))
     best: tuple[tuple[float, float, int], Plan] | None = None
     for bound, idx in bounds:
         to_beat = min(beat_s, best[0][0] if best is not None else math.inf) * (1 + BOUND_SLACK)
         if bound > to_beat:
             break  # sorted: no later candidate can win either
         candidate = candidates[idx]
-        iteration_s = iteration_time_s(candidate, costs, cluster, candidate.schedule, to_beat)
+        iteration_s = iteration_time_s(candidate, costs, cluster, candidate.schedule, to_beat, per_plan[idx])
         if iteration_s is None:
             continue
         key = (iteration_s, candidate.predicted_tps_ms, idx)

@@ -17,7 +17,9 @@ The lists are first compiled to plain tuples (durations and message keys resolve
 once), because the planner simulates many candidate plans. A planner ranking candidates
 needs only the iteration time (`iteration_ms`): the engine then records no events and
 stops as soon as some stage's clock plus the compute still ahead of it passes the time
-to beat (the stage's clock only moves forward, by at least each action's duration).
+to beat (the stage's clock only moves forward, by at least each action's duration); until
+a stage's last backward has run, the gradient's trip upstream after it (the caller's drain
+bound) counts too.
 """
 
 from __future__ import annotations
@@ -70,15 +72,16 @@ def run_schedule(plan: Plan, schedule: Schedule, costs: Mapping[int, StageCost],
                cause=engine.cause, end_ms=engine.end_ms)
 
 
-def iteration_ms(plan: Plan, compute: Mapping[int, Sequence[Action]], costs: Mapping[int, StageCost],
-                 cluster: Cluster, beat_ms: float = math.inf) -> float | None:
+def iteration_ms(plan: Plan, compute: Mapping[int, Sequence[Action]], costs: Mapping[int, StageCost], cluster: Cluster,
+                 beat_ms: float = math.inf, drain_ms: Mapping[int, float] | None = None) -> float | None:
     """`run_schedule`'s iteration (the last action's end) for the schedule that lowers `compute` (each stage's
     compute order: `graphpipe.schedule.generate.compute_orders`), or None as soon as it is certain to end
     after `beat_ms`. Nothing is recorded, and the lowered lists are compiled without an `Action` per
-    message (see the module docstring)."""
+    message (see the module docstring). `drain_ms`: per stage, a least time from the end of its last
+    backward to the end of the iteration (its all-reduce and step included), for an earlier stop."""
     compiled = {stage: _compile_compute(plan, stage, actions, costs[stage], cluster)
                 for stage, actions in compute.items()}
-    engine = _Engine(plan, compiled, _cores(plan, cluster), record=False, beat_ms=beat_ms)
+    engine = _Engine(plan, compiled, _cores(plan, cluster), record=False, beat_ms=beat_ms, drain_ms=drain_ms)
     try:
         stuck = engine.run()
     except _BeatenError:
@@ -99,13 +102,12 @@ class _BeatenError(Exception):
 
 class _Engine:
     def __init__(self, plan: Plan, compiled: Mapping[int, list[Op]], cores: CorePool | None = None,
-                 record: bool = True, beat_ms: float = math.inf) -> None:
+                 record: bool = True, beat_ms: float = math.inf, drain_ms: Mapping[int, float] | None = None) -> None:
         self.plan, self.compiled, self.cores = plan, compiled, cores
         self.record, self.beat_ms = record, beat_ms
-        # per stage, the compute still ahead of each position (core stretch only lengthens it)
+        # per stage and position, the least time the iteration still runs past the stage's clock
         self.ahead_ms = {} if math.isinf(beat_ms) else {
-            stage: list(accumulate((op[1] if op[0] == _RUN else 0.0 for op in reversed(ops)), initial=0.0))[::-1]
-            for stage, ops in compiled.items()}
+            stage: _least_ahead(ops, (drain_ms or {}).get(stage, 0.0)) for stage, ops in compiled.items()}
         self.pos = dict.fromkeys(compiled, 0)
         self.clock = dict.fromkeys(compiled, 0.0)
         self.arrivals: dict[MessageKey, tuple[float, Slot]] = {}
@@ -193,16 +195,29 @@ class _Engine:
                                      end_ms=start + duration, micro_batch=key[3]))
 
 
+def _least_ahead(ops: Sequence[Op], drain_ms: float) -> list[float]:
+    """Per position, the compute still ahead on the stream (core stretch only lengthens it), plus, up to the
+    last backward, what `drain_ms` adds beyond the stream's own work after that backward: the last backward
+    ends at least that compute, less the work after it, past the clock, and the iteration `drain_ms` later."""
+    ahead = list(accumulate((op[1] if op[0] == _RUN else 0.0 for op in reversed(ops)), initial=0.0))[::-1]
+    last = max((pos for pos, op in enumerate(ops) if op[4] == "backward"), default=-1)
+    extra = drain_ms - ahead[last + 1]
+    if extra > 0:
+        for pos in range(last + 1):
+            ahead[pos] += extra
+    return ahead
+
+
 def _compile(plan: Plan, stage: int, actions: tuple[Action, ...], cost: StageCost, cluster: Cluster) -> list[Op]:
     """Each action as (code, duration, message key, the action, event kind, micro-batch)."""
     fixed = _stream_kinds(plan, stage, cost, cluster)
-    transfer_cache: dict[tuple[int, ...], float] = {}
+    transfers = _Transfers(plan, cluster, stage)
     ops: list[Op] = []
     for action in actions:
         kind = action.kind
         if kind.is_send:
             key = (stage, action.peer, _DIRECTION[kind], action.micro_batch)
-            duration = _transfer_ms(plan, cluster, key, transfer_cache)
+            duration = transfers.ms(key)
             ops.append((_SEND, duration, key, action, "send", action.micro_batch))
         elif kind.is_recv:
             key = (action.peer, stage, _DIRECTION[kind], action.micro_batch)
@@ -218,8 +233,9 @@ def _compile_compute(plan: Plan, stage: int, compute: Sequence[Action], cost: St
     rules (`comm_around`) but no `Action` per message: the ranking's simulations lower thousands of messages."""
     fixed = _stream_kinds(plan, stage, cost, cluster)
     around = comm_around(plan, stage)
-    transfer_cache: dict[tuple[int, ...], float] = {}
+    transfers = _Transfers(plan, cluster, stage)
     ops: list[Op] = []
+    append = ops.append
     for action in compute:
         kind, number = action.kind, action.micro_batch
         before, after = around[kind]
@@ -227,16 +243,16 @@ def _compile_compute(plan: Plan, stage: int, compute: Sequence[Action], cost: St
             direction = _DIRECTION[recv]
             ops += [(_RECV, 0.0, (peer, stage, direction, n), None, "recv", n)
                     for n in range(number * per_micro, (number + 1) * per_micro)]
-        duration, event_kind = _stream_cost(fixed, stage, action)
-        ops.append((_RUN, duration, None, action, event_kind, number))
+        duration, event_kind = fixed[kind] if kind in fixed else _stream_cost(fixed, stage, action)
+        append((_RUN, duration, None, action, event_kind, number))
         for send, peer, per_micro in after:
             direction = _DIRECTION[send]
             for n in range(number * per_micro, (number + 1) * per_micro):
                 key = (stage, peer, direction, n)
-                ops.append((_SEND, _transfer_ms(plan, cluster, key, transfer_cache), key, None, "send", n))
+                append((_SEND, transfers.ms(key), key, None, "send", n))
     for kind in CLOSING_KINDS:
         duration, event_kind = _stream_cost(fixed, stage, Action(stage=stage, kind=kind))
-        ops.append((_RUN, duration, None, None, event_kind, -1))
+        append((_RUN, duration, None, None, event_kind, -1))
     return ops
 
 
@@ -267,22 +283,35 @@ def _event_kind(kind: ActionKind) -> str:
     raise ScheduleError(f"action kind {kind.name} does not occupy a stage's stream")
 
 
-def _transfer_ms(plan: Plan, cluster: Cluster, key: MessageKey, cache: dict[tuple[int, ...], float]) -> float:
-    """Transfer time of one message; the rank pattern repeats every b_sender * b_receiver samples. `cache` holds
-    each edge's samples per message and the times per position in that pattern (a schedule sends thousands
-    of messages on a few edges)."""
-    sender, receiver, direction, message = key
-    edge_key = (receiver, direction == "F")
-    if edge_key not in cache:
-        src, dst = (sender, receiver) if direction == "F" else (receiver, sender)
-        cache[edge_key] = message_samples(plan, src, dst)
-    per_message = int(cache[edge_key])
-    start = message * per_message
-    b_send, b_recv = plan.stages[sender].micro_batch_size, plan.stages[receiver].micro_batch_size
-    cache_key = (receiver, start % (b_send * b_recv), per_message)
-    if cache_key not in cache:
-        src, dst = (sender, receiver) if direction == "F" else (receiver, sender)
-        edge = plan.edge(src, dst)
-        cache[cache_key] = message_ms(cluster, plan.stages[sender], plan.stages[receiver], start,
-                                      start + per_message, edge.bytes_per_sample, len(edge.tensors))
-    return cache[cache_key]
+class _Transfers:
+    """Transfer times of the messages one stage sends. Which rank holds a sample repeats every micro-batch
+    of each stage (`sample_split`), so the pieces of a message repeat every lcm(b_sender, b_receiver)
+    samples: per edge, its samples per message and that period, and the times per position in the period
+    (a schedule sends thousands of messages on a few edges, one time per edge where both stages have the
+    same micro-batch size)."""
+
+    def __init__(self, plan: Plan, cluster: Cluster, stage: int) -> None:
+        self.plan, self.cluster, self.stage = plan, cluster, stage
+        self._edges: dict[tuple[int, str], tuple[int, int]] = {}
+        self._times: dict[tuple[int, str, int], float] = {}
+
+    def ms(self, key: MessageKey) -> float:
+        """The transfer time of the message `key` (sent by this stage)."""
+        sender, receiver, direction, message = key
+        plan = self.plan
+        edge_key = (receiver, direction)
+        found = self._edges.get(edge_key)
+        if found is None:
+            src, dst = (sender, receiver) if direction == "F" else (receiver, sender)
+            period = math.lcm(plan.stages[sender].micro_batch_size, plan.stages[receiver].micro_batch_size)
+            found = self._edges[edge_key] = (int(message_samples(plan, src, dst)), period)
+        per_message, period = found
+        start = message * per_message
+        time_key = (receiver, direction, start % period)
+        hit = self._times.get(time_key)
+        if hit is None:
+            src, dst = (sender, receiver) if direction == "F" else (receiver, sender)
+            edge = plan.edge(src, dst)
+            hit = self._times[time_key] = message_ms(self.cluster, plan.stages[sender], plan.stages[receiver], start,
+                                                     start + per_message, edge.bytes_per_sample, len(edge.tensors))
+        return hit

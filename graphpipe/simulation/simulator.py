@@ -13,6 +13,7 @@ import contextlib
 import gc
 import math
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from graphpipe.cost.cluster import Cluster
 from graphpipe.cost.cost_table import CostTable
@@ -60,17 +61,20 @@ def simulate(plan: Plan, costs: CostTable, cluster: Cluster | None = None,
 
 
 def iteration_time_s(plan: Plan, costs: CostTable, cluster: Cluster | None = None, schedule: str = "1f1b",
-                     beat_s: float = math.inf) -> float | None:
+                     beat_s: float = math.inf, bounds: PlanBounds | None = None) -> float | None:
     """`simulate(...).iteration_time_s` alone, for a ranking: None when the iteration is certain to take
-    longer than `beat_s` (the engine stops there). Skips the timeline, memory and critical path.
+    longer than `beat_s` (the engine stops there: a stage's clock, the compute ahead of it and, until its
+    last backward, the drain of `plan_bounds`). Skips the timeline, memory and critical path. `bounds`:
+    the plan's `plan_bounds` on this cluster, where the caller has them already (a ranking).
 
     The cyclic garbage collector is paused meanwhile: a long schedule allocates some 10^5 small tuples that
     live until the end, which would make it walk the whole heap several times over, and the engine creates
     no reference cycles, so there is nothing for it to find."""
     cluster = cluster or _plan_cluster(plan)
+    bounds = plan_bounds(plan, costs, cluster) if bounds is None else bounds
+    drain = None if math.isinf(beat_s) else bounds.drain_ms
     with _collector_paused():
-        ms = iteration_ms(plan, compute_orders(plan, schedule), stage_costs(plan, costs, cluster.device), cluster,
-                          beat_s * 1e3)
+        ms = iteration_ms(plan, compute_orders(plan, schedule), bounds.per_stage, cluster, beat_s * 1e3, drain)
     return None if ms is None else ms / 1e3
 
 
@@ -85,22 +89,39 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def iteration_lower_bound_s(plan: Plan, costs: CostTable, cluster: Cluster | None = None) -> float:
-    """No schedule simulates the iteration in less time. A stage runs the forward and the backward of
-    every micro-batch, its all-reduce and its optimizer step one after another on its stream, with
-    `simulate`'s durations, whatever it waits for; it cannot start before one micro-batch has gone
-    forward through every stage upstream of it (the fill), and after its last backward, that
-    micro-batch's gradient still goes back through them, each then reducing and stepping (the drain).
-    Each hop of the fill and the drain also waits for its transfer where the two stages have the same
-    micro-batch size (`_hop_ms`); other transfers are left out. Cheap next to `simulate` (no schedule
-    is run), so a ranking can skip the plans whose bound is above the best iteration found."""
-    cluster = cluster or _plan_cluster(plan)
+@dataclass(frozen=True, slots=True)
+class PlanBounds:
+    """What a ranking reads of a plan before simulating it: its stage costs, and per stage the fill and the
+    drain of the iteration's lower bound (`plan_bounds`)."""
+
+    per_stage: dict[int, StageCost]
+    fill_ms: dict[int, float]
+    drain_ms: dict[int, float]
+    lower_bound_s: float
+
+
+def plan_bounds(plan: Plan, costs: CostTable, cluster: Cluster) -> PlanBounds:
+    """No schedule simulates the iteration in less time than `lower_bound_s`. A stage runs the forward and the
+    backward of every micro-batch, its all-reduce and its optimizer step one after another on its stream, with
+    `simulate`'s durations, whatever it waits for; it cannot start before one micro-batch has gone forward
+    through every stage upstream of it (the fill), and after its last backward, that micro-batch's gradient
+    still goes back through them, each then reducing and stepping (the drain). Each hop of the fill and the
+    drain also waits for its transfer where the two stages have the same micro-batch size (`_hop_ms`); other
+    transfers are left out. Cheap next to `simulate` (no schedule is run), so a ranking can skip the plans
+    whose bound is above the best iteration found, and stop a simulation once a stage's drain is certain
+    to end past the time to beat (`iteration_time_s`)."""
     per_stage = stage_costs(plan, costs, cluster.device)
     finish_ms = {idx: plan_stage_all_reduce_ms(cluster, plan, idx, cost) + optimizer_step_ms(cluster, cost.param_bytes)
                  for idx, cost in per_stage.items()}
     hops = {(p, idx): _hop_ms(plan, cluster, p, idx) for idx in per_stage for p in plan.predecessors[idx]}
     fill, drain = _fill_ms(plan, per_stage, hops), _drain_ms(plan, per_stage, finish_ms, hops)
-    return max(fill[idx] + _compute_ms(plan, per_stage, idx) + drain[idx] for idx in fill) / 1e3
+    lower_ms = max((fill[idx] + _compute_ms(plan, per_stage, idx) + drain[idx] for idx in fill), default=0.0)
+    return PlanBounds(per_stage=per_stage, fill_ms=fill, drain_ms=drain, lower_bound_s=lower_ms / 1e3)
+
+
+def iteration_lower_bound_s(plan: Plan, costs: CostTable, cluster: Cluster | None = None) -> float:
+    """`plan_bounds(...).lower_bound_s`: no schedule simulates the iteration in less time."""
+    return plan_bounds(plan, costs, cluster or _plan_cluster(plan)).lower_bound_s
 
 
 Hops = dict[tuple[int, int], tuple[float, float]]  # per stage edge (src, dst): (forward, backward) transfer ms

@@ -141,8 +141,9 @@ class Plan(JsonFile):
     def num_stages(self) -> int:
         return len(self.stages)
 
-    @property
+    @cached_property
     def world_size(self) -> int:
+        """Ranks in all (read per stage by every all-reduce time the simulator computes)."""
         return sum(len(stage.ranks) for stage in self.stages)
 
     @cached_property

@@ -442,7 +442,8 @@ class ChainTables:
         self.pars: list[ParInfo] = []
         self._chains: list[ChainInfo] = []
         self._extended: dict[ExtendedKey, ChainInfo] = {}
-        self._by_wiring: dict[tuple[object, ...], list[ChainInfo]] = {}
+        self._by_shape: dict[tuple[int, ...], list[ChainInfo]] = {}  # chains without twins, by ops per item
+        self._wirings: dict[int, tuple[object, ...]] = {}  # by chain index, made only where shapes meet
         self.root = self._add_tree(tree)
 
     def __len__(self) -> int:
@@ -479,13 +480,19 @@ class ChainTables:
         branches of a block (one encoder per modality, one MLP per feature) are tabled and solved once."""
         if info.has_parallel:
             return None
-        same = self._by_wiring.setdefault(info.wiring(), [])
-        for twin in same:
-            if info.exact_traffic() or all(np.array_equal(mine, theirs) for mine, theirs in
-                                           zip(info.boundary_matrix(), twin.boundary_matrix())):
+        same = self._by_shape.setdefault(tuple(len(ops) for ops in info.item_ops), [])
+        for twin in same:  # equal wiring needs as many ops in each item: a chain of its own shape is not wired
+            if self._wiring(twin) == self._wiring(info) and (info.exact_traffic() or all(
+                    np.array_equal(mine, theirs) for mine, theirs in zip(info.boundary_matrix(), twin.boundary_matrix()))):
                 return twin
         same.append(info)
         return None
+
+    def _wiring(self, info: ChainInfo) -> tuple[object, ...]:
+        found = self._wirings.get(info.index)
+        if found is None:
+            found = self._wirings[info.index] = info.wiring()
+        return found
 
     def extended(self, block: Block, pos: int, with_fork: bool, with_join: bool) -> ChainInfo:
         """Branch at sorted position `pos` of the block with the fork run prepended and/or the join run appended

@@ -482,11 +482,14 @@ class ChainTables:
             return None
         same = self._by_shape.setdefault(tuple(len(ops) for ops in info.item_ops), [])
         for twin in same:  # equal wiring needs as many ops in each item: a chain of its own shape is not wired
-            if self._wiring(twin) == self._wiring(info) and (info.exact_traffic() or all(
-                    np.array_equal(mine, theirs) for mine, theirs in zip(info.boundary_matrix(), twin.boundary_matrix()))):
+            if self._wiring(twin) == self._wiring(info) and (info.exact_traffic() or self._same_traffic(info, twin)):
                 return twin
         same.append(info)
         return None
+
+    @staticmethod
+    def _same_traffic(info: ChainInfo, twin: ChainInfo) -> bool:
+        return all(np.array_equal(mine, theirs) for mine, theirs in zip(info.boundary_matrix(), twin.boundary_matrix()))
 
     def _wiring(self, info: ChainInfo) -> tuple[object, ...]:
         found = self._wirings.get(info.index)

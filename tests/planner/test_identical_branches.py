@@ -1,6 +1,6 @@
 """Identical branches are twins (`tables.ChainTables.twin_of`): one segment table and one set of DP rows for
-all of them, and no plan changes: the same stages, on the same devices, as a search that tables and solves
-every branch on its own."""
+all of them, their groupings solved over counts (`Probe._solve_twins`), and no plan changes: the same
+stages, on the same devices, as a search that tables and solves every branch on its own."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from graphpipe.cost.cost_table import CostTable
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.planner.api import make_request
 from graphpipe.planner.sp_dp import Probe, Search, build_tables, partition_sp
+from graphpipe.planner.sp_dp.size_tables import SizeTables
 from graphpipe.planner.sp_dp.tables import ChainTables
 from graphpipe.planner.stage_spec import StageSpec
 from tests.planner.factories import make_cluster, make_costs, make_graph
@@ -97,3 +98,38 @@ def test_twins_change_no_plan(profiles: list[int], branch_len: int, num_devices:
         patch.setattr(ChainTables, "twin_of", _never_twins)
         alone = plans()
     assert shared == alone
+
+
+def _no_counts(self: SizeTables, pinfo: object) -> None:
+    return None
+
+
+@settings(max_examples=25, deadline=None)
+@given(num_branches=st.integers(2, 4), branch_len=st.integers(1, 5), num_devices=st.sampled_from([2, 4, 8, 16]),
+       memory_gib=st.sampled_from([0.05, 0.2, 16.0]), slack=st.sampled_from([1.0, 1.2, 2.0, math.inf]))
+def test_twin_groups_by_count_are_the_loop(num_branches: int, branch_len: int, num_devices: int, memory_gib: float,
+                                            slack: float) -> None:
+    """The grouping DP over counts (`Probe._solve_twins`) gives the loop's vector for every subset of the twin
+    branches and every in-flight count after the block, and finds the loop's choice again in every feasible cell."""
+    graph = branches_graph(num_branches, branch_len)
+    request = make_request(graph, _costs(graph, [0] * num_branches, branch_len), make_cluster(num_devices), 32,
+                           memory_limit=memory_gib * 2**30)
+    chains, pars = build_tables(request.model, request.sp_tree)
+    search = Search(request.model, request.sp_tree, num_devices, 4, request.memory_limit, chains, pars)
+    (pinfo,) = pars
+    assert search.tables.options_by_count(pinfo) is not None  # twins whose unions cost alike
+    target = search.lower_bound_ms() * slack
+    counts, loop = Probe(search, target), Probe(search, target)
+    checked = 0
+    for k_after in range(search.tables.max_v + 1):
+        by_count = counts.par(pinfo, k_after)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(SizeTables, "options_by_count", _no_counts)
+            looped = loop.par(pinfo, k_after)
+        assert by_count.need == looped.need
+        for mask, row in looped.need.items():
+            for v, devices in enumerate(row):
+                if mask and devices <= num_devices:
+                    assert by_count.chosen(mask, v) == looped.choice[mask][v]
+                    checked += 1
+    assert checked or math.isfinite(slack)  # with no target every block fits on the devices somewhere

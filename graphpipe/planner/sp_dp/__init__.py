@@ -25,8 +25,9 @@ fork/join layouts' in `fork_join`.
 - Parallel block: its branches are grouped; a group is one branch solved as a chain, or
   several whole branches merged into one stage. The fork's stage takes the larger of the
   branches' in-flight requirements (the max over entries). With up to 4 branches every
-  grouping is tried; with more, the branches are sorted by compute and groups are runs of
-  consecutive branches (interval partitions), which keeps the DP polynomial.
+  grouping is tried (over counts where the branches are twins whose unions cost alike); with
+  more, the branches are sorted by compute and groups are runs of consecutive branches
+  (interval partitions), which keeps the DP polynomial.
 - Fork and join absorption (`fork_join`): the leaves just before a block with at most 4
   branches may join the first stage of one branch, and the leaves just after it the last
   stage of one branch, so a cheap input or concat + head costs no device.

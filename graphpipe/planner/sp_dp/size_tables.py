@@ -128,6 +128,7 @@ class SizeTables:
         self._totals: dict[tuple[int, int], list[tuple[float, float]]] = {}
         self._joined: dict[tuple[int, int, tuple[str, ...]], list[tuple[int, float, int]]] = {}
         self._runs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._by_count: dict[int, list[list[tuple[int, float, int]]] | None] = {}
 
     def segment_rows(self, info: ChainInfo, start: int, d1: int,
                      target_ms: float) -> tuple[list[float], list[float], list[int]]:
@@ -240,6 +241,30 @@ class SizeTables:
             params, messages, num_bytes = pinfo.group_costs(group)
             hit = self._groups[key] = self._options(params, messages, num_bytes, self._group_totals(pinfo, group))
         return hit
+
+    def options_by_count(self, pinfo: ParInfo) -> list[list[tuple[int, float, int]]] | None:
+        """For a block of twin branches (all of one content) whose merged groups of equal size have equal options:
+        those options per group size (index 0 unused), so the grouping DP may run over counts (`Probe._solve_twins`);
+        None otherwise. Decided once per block and size; a block of runs (`ParInfo.interval`) is never asked."""
+        if pinfo.index not in self._by_count:
+            self._by_count[pinfo.index] = self._equal_by_count(pinfo)
+        return self._by_count[pinfo.index]
+
+    def _equal_by_count(self, pinfo: ParInfo) -> list[list[tuple[int, float, int]]] | None:
+        count = len(pinfo.branch_infos)
+        if len({info.content for info in pinfo.branch_infos}) > 1:
+            return None
+        by_count: list[list[tuple[int, float, int]] | None] = [None] * (count + 1)
+        for group in range(1, 1 << count):
+            size = group.bit_count()
+            if size < 2:
+                continue
+            options = self.group_options(pinfo, group)
+            if by_count[size] is None:
+                by_count[size] = options
+            elif by_count[size] != options:
+                return None  # a shared producer, say, makes some unions cheaper than others
+        return [options or [] for options in by_count]
 
     def run_options(self, pinfo: ParInfo) -> tuple[np.ndarray, np.ndarray]:
         """(TPS, most in flight) of every run [g, s) of at least two sorted branches merged into one stage, as

@@ -211,7 +211,7 @@ def _least_ahead(ops: Sequence[Op], drain_ms: float) -> list[float]:
 def _compile(plan: Plan, stage: int, actions: tuple[Action, ...], cost: StageCost, cluster: Cluster) -> list[Op]:
     """Each action as (code, duration, message key, the action, event kind, micro-batch)."""
     fixed = _stream_kinds(plan, stage, cost, cluster)
-    transfers = _Transfers(plan, cluster, stage)
+    transfers = _Transfers(plan, cluster)
     ops: list[Op] = []
     for action in actions:
         kind = action.kind
@@ -233,7 +233,7 @@ def _compile_compute(plan: Plan, stage: int, compute: Sequence[Action], cost: St
     rules (`comm_around`) but no `Action` per message: the ranking's simulations lower thousands of messages."""
     fixed = _stream_kinds(plan, stage, cost, cluster)
     around = comm_around(plan, stage)
-    transfers = _Transfers(plan, cluster, stage)
+    transfers = _Transfers(plan, cluster)
     ops: list[Op] = []
     append = ops.append
     for action in compute:
@@ -290,8 +290,8 @@ class _Transfers:
     (a schedule sends thousands of messages on a few edges, one time per edge where both stages have the
     same micro-batch size)."""
 
-    def __init__(self, plan: Plan, cluster: Cluster, stage: int) -> None:
-        self.plan, self.cluster, self.stage = plan, cluster, stage
+    def __init__(self, plan: Plan, cluster: Cluster) -> None:
+        self.plan, self.cluster = plan, cluster
         self._edges: dict[tuple[int, str], tuple[int, int]] = {}
         self._times: dict[tuple[int, str, int], float] = {}
 

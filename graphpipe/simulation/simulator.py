@@ -71,10 +71,13 @@ def iteration_time_s(plan: Plan, costs: CostTable, cluster: Cluster | None = Non
     live until the end, which would make it walk the whole heap several times over, and the engine creates
     no reference cycles, so there is nothing for it to find."""
     cluster = cluster or _plan_cluster(plan)
-    bounds = plan_bounds(plan, costs, cluster) if bounds is None else bounds
-    drain = None if math.isinf(beat_s) else bounds.drain_ms
+    if bounds is None and math.isinf(beat_s):  # nothing to beat: no drain needed
+        per_stage, drain = stage_costs(plan, costs, cluster.device), None
+    else:
+        bounds = plan_bounds(plan, costs, cluster) if bounds is None else bounds
+        per_stage, drain = bounds.per_stage, bounds.drain_ms
     with _collector_paused():
-        ms = iteration_ms(plan, compute_orders(plan, schedule), bounds.per_stage, cluster, beat_s * 1e3, drain)
+        ms = iteration_ms(plan, compute_orders(plan, schedule), per_stage, cluster, beat_s * 1e3, drain)
     return None if ms is None else ms / 1e3
 
 

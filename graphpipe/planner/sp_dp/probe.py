@@ -295,15 +295,18 @@ class Probe:
         by_size = [base]
         for size in range(1, count + 1):
             row = [BIG] * (max_v + 1)
-            for group in range(1, size + 1):
+            rest = by_size[size - 1]
+            for v in cells:  # one branch, staged as its chain
+                cost = vec[v] + rest[v]
+                if cost < row[v]:
+                    row[v] = cost
+            for group in range(2, size + 1):  # that many branches merged into one stage
                 rest, devices = by_size[size - group], merged[group]
-                part = vec if group == 1 else None
-                if part is None and devices >= BIG:
-                    continue
-                for v in cells:
-                    cost = (part[v] if part is not None else devices) + rest[v]
-                    if cost < row[v]:
-                        row[v] = cost
+                if devices < BIG:
+                    for v in cells:
+                        cost = devices + rest[v]
+                        if cost < row[v]:
+                            row[v] = cost
             by_size.append([c if c <= t.num_devices else BIG for c in row])
         full = (1 << count) - 1
         need = {mask: by_size[mask.bit_count()] for mask in range(full + 1)}

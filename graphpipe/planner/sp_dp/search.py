@@ -328,11 +328,11 @@ def _coarse(search: Search, best_hi: float, ceiling_ms: float | None, ratio: flo
     bound = search.lower_bound_ms()
     if bound > best_hi * COARSE_KEEP:
         return None  # even a perfect plan at this size could not be among the best
+    if ceiling_ms is not None and bound * (1 - TOLERANCE) > ceiling_ms:
+        return None  # no plan at this size has a bottleneck within the ceiling: skip the probe
     if not search.may_fit():
         return None
     if ceiling_ms is not None:
-        if bound * (1 - TOLERANCE) > ceiling_ms:
-            return None  # no plan at this size has a bottleneck within the ceiling: skip the probe
         if not search.attempt(ceiling_ms):  # a lone probe: `offers` builds for this target only
             return None  # nothing at this size beats the ceiling
         search.lo = bound * (1 - TOLERANCE)

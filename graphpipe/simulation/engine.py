@@ -286,13 +286,13 @@ def _event_kind(kind: ActionKind) -> str:
 class _Transfers:
     """Transfer times of the messages one stage sends. Which rank holds a sample repeats every micro-batch
     of each stage (`sample_split`), so the pieces of a message repeat every lcm(b_sender, b_receiver)
-    samples: per edge, its samples per message and that period, and the times per position in the period
-    (a schedule sends thousands of messages on a few edges, one time per edge where both stages have the
-    same micro-batch size)."""
+    samples: per edge, its samples per message, that period and its tensors, and the times per position
+    in the period (a schedule sends thousands of messages on a few edges, one time per edge where both
+    stages have the same micro-batch size)."""
 
     def __init__(self, plan: Plan, cluster: Cluster) -> None:
         self.plan, self.cluster = plan, cluster
-        self._edges: dict[tuple[int, str], tuple[int, int]] = {}
+        self._edges: dict[tuple[int, str], tuple[int, int, float, int]] = {}
         self._times: dict[tuple[int, str, int], float] = {}
 
     def ms(self, key: MessageKey) -> float:
@@ -303,15 +303,15 @@ class _Transfers:
         found = self._edges.get(edge_key)
         if found is None:
             src, dst = (sender, receiver) if direction == "F" else (receiver, sender)
+            edge = plan.edge(src, dst)
             period = math.lcm(plan.stages[sender].micro_batch_size, plan.stages[receiver].micro_batch_size)
-            found = self._edges[edge_key] = (int(message_samples(plan, src, dst)), period)
-        per_message, period = found
+            found = self._edges[edge_key] = (int(message_samples(plan, src, dst)), period, edge.bytes_per_sample,
+                                             len(edge.tensors))
+        per_message, period, bytes_per_sample, num_tensors = found
         start = message * per_message
         time_key = (receiver, direction, start % period)
         hit = self._times.get(time_key)
         if hit is None:
-            src, dst = (sender, receiver) if direction == "F" else (receiver, sender)
-            edge = plan.edge(src, dst)
             hit = self._times[time_key] = message_ms(self.cluster, plan.stages[sender], plan.stages[receiver], start,
-                                                     start + per_message, edge.bytes_per_sample, len(edge.tensors))
+                                                     start + per_message, bytes_per_sample, num_tensors)
         return hit

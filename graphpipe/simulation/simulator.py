@@ -94,11 +94,10 @@ def _collector_paused() -> Iterator[None]:
 
 @dataclass(frozen=True, slots=True)
 class PlanBounds:
-    """What a ranking reads of a plan before simulating it: its stage costs, and per stage the fill and the
-    drain of the iteration's lower bound (`plan_bounds`)."""
+    """What a ranking reads of a plan before simulating it: its stage costs, per stage the drain of the
+    iteration's lower bound, and the bound (`plan_bounds`)."""
 
     per_stage: dict[int, StageCost]
-    fill_ms: dict[int, float]
     drain_ms: dict[int, float]
     lower_bound_s: float
 
@@ -119,7 +118,7 @@ def plan_bounds(plan: Plan, costs: CostTable, cluster: Cluster) -> PlanBounds:
     hops = {(p, idx): _hop_ms(plan, cluster, p, idx) for idx in per_stage for p in plan.predecessors[idx]}
     fill, drain = _fill_ms(plan, per_stage, hops), _drain_ms(plan, per_stage, finish_ms, hops)
     lower_ms = max((fill[idx] + _compute_ms(plan, per_stage, idx) + drain[idx] for idx in fill), default=0.0)
-    return PlanBounds(per_stage=per_stage, fill_ms=fill, drain_ms=drain, lower_bound_s=lower_ms / 1e3)
+    return PlanBounds(per_stage=per_stage, drain_ms=drain, lower_bound_s=lower_ms / 1e3)
 
 
 def iteration_lower_bound_s(plan: Plan, costs: CostTable, cluster: Cluster | None = None) -> float:

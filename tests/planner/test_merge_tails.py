@@ -176,7 +176,41 @@ def test_pruning_merge_layouts_changes_no_plan(case: Case) -> None:
             patch.setattr(fork_join, "EXACT_AFTER", 1 << 30)
             patch.setattr(ForkJoinSolver, "_floors", _no_floors)
             every = _plans(case, limit)
-        assert chosen == one_by_one == at_once == every
+            patch.setattr(fork_join._Tails, "of", classmethod(_every_tail))
+            every_tail = _plans(case, limit)
+        assert chosen == one_by_one == at_once == every == every_tail
+
+
+def _every_tail(cls: type[fork_join._Tails], devices: np.ndarray, *_: object) -> fork_join._Tails:
+    return cls(np.arange(devices.shape[0]), np.arange(devices.shape[1]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), fork=st.booleans())
+def test_tails_left_out_have_no_pair_below_the_room(seed: int, fork: bool) -> None:
+    """`_Tails.of` keeps both tails of every pair whose floor is below the room at some cell: the pair's floor
+    written out cell by cell, with and without F (then per branch taking F, its lane's floor a cell up)."""
+    rng = np.random.default_rng(seed)
+    count0, count1, cells = (int(n) for n in rng.integers(1, 7, size=3))
+    width = cells + 1 if fork else cells
+
+    def some(*shape: int) -> np.ndarray:
+        values = rng.integers(0, 6, size=shape)
+        return np.where(rng.random(shape) < 0.2, BIG, values)
+
+    devices = some(count0, count1)
+    lanes, forks = [some(count0, width), some(count1, width)], [some(count0, width), some(count1, width)]
+    room = rng.integers(-2, 14, size=cells)
+    tails = fork_join._Tails.of(devices, lanes, forks if fork else None, room)
+    for t0 in range(count0):
+        for t1 in range(count1):
+            if fork:
+                floors = [forks[0][t0, 1:] + devices[t0, t1] + lanes[1][t1, :cells],
+                          forks[1][t1, 1:] + devices[t0, t1] + lanes[0][t0, :cells]]
+            else:
+                floors = [devices[t0, t1] + lanes[0][t0] + lanes[1][t1]]
+            if any((floor < room).any() for floor in floors):
+                assert t0 in tails.rows and t1 in tails.cols, (t0, t1)
 
 
 def _plans(case: Case, limit: float) -> dict[int, list[list[StageSpec]]]:

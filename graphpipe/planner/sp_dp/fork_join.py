@@ -62,7 +62,7 @@ the others.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -223,6 +223,51 @@ class ForkLane:
     floor: list[int]
 
 
+@dataclass(frozen=True, slots=True)
+class _Tails:
+    """The tails of each branch (rows: branch 0's, columns: branch 1's, increasing) that may be part of a pair
+    whose floor betters a cell; every pair with a tail left out is proven not to.
+
+    A pair's floor at cell v is the base, M's devices on the pair and a lane's floor per branch (with F, one
+    lane's floor with F's stage, read a cell up). Over the pairs sharing tail t_0, that is at least t_0's own
+    lane, the fewest M devices of any pair with t_0, and the least floor of the other lane at v: separable, so
+    the test costs a row per tail instead of a cell per pair. Where F may go to either branch, a tail is kept
+    if it passes for either (the two layouts' floors are then built on the same tails). Increasing tails keep
+    the pairs' order: a first minimum over the kept pairs is the first over all of them."""
+
+    rows: np.ndarray
+    cols: np.ndarray
+
+    @classmethod
+    def of(cls, devices: np.ndarray, lanes: Sequence[np.ndarray], forks: Sequence[np.ndarray] | None,
+           room: np.ndarray) -> _Tails:
+        """The tails whose bound is below `room` (`ForkJoinSolver._room`) at some cell: `lanes` the lanes' floors
+        (or needs) per tail and cell, `forks` those of the lanes with F's stage (None: the block has no F)."""
+        least = [devices.min(axis=1), devices.min(axis=0)]  # per tail, M's fewest devices with any other tail
+        if forks is None:
+            keep = [_below(lanes[pos], least[pos], lanes[1 - pos].min(axis=0), room) for pos in (0, 1)]
+        else:  # F with branch r: its lane's floor at v + 1, the other lane's at v
+            cells = len(room)
+            keep = [_below(forks[pos][:, 1:], least[pos], lanes[1 - pos].min(axis=0)[:cells], room)
+                    | _below(lanes[pos][:, :cells], least[pos], forks[1 - pos].min(axis=0)[1:], room)
+                    for pos in (0, 1)]
+        return cls(np.flatnonzero(keep[0]), np.flatnonzero(keep[1]))
+
+    def devices(self, devices: np.ndarray) -> np.ndarray:
+        """M's devices on the kept pairs."""
+        return np.asarray(devices[np.ix_(self.rows, self.cols)])
+
+    def starts(self, starts: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """The kept tails' starts, per branch."""
+        return starts[0][self.rows], starts[1][self.cols]
+
+
+def _below(own: np.ndarray, fewest: np.ndarray, other: np.ndarray, room: np.ndarray) -> np.ndarray:
+    """Per tail, whether its bound (its lane's floor per cell, its fewest M devices, the other lane's least floor)
+    is below `room` at some cell."""
+    return np.asarray(((own + fewest[:, None] + other[None, :]) < room[None, :]).any(axis=1))
+
+
 class ForkJoinSolver:
     """The fork/join blocks of one probe (a size's `tables` and a `target`), memoised by content: block vectors
     by (block, with J, k_after), F's stage options by (lane, last item) and fork lanes by (lane, end, last)
@@ -319,60 +364,78 @@ class ForkJoinSolver:
 
         Only the pairs whose floor (`merge_tails`: the lanes' floors, M's devices and the base) is below a cell
         of the vector within the devices are placed (their lanes solved), each tested again as the vector falls;
-        it only decreases, so a layout left out would have written no cell that counts. Where that leaves more
-        lanes to solve than EXACT_AFTER, the lanes of branches without parallel items get their exact needs
-        (`_lane_needs`), which tighten the floors and are read instead of solved; with both exact and no F,
-        each cell takes the first pair with the least side, if below it, as the writes one by one would
-        (`_write_merges`)."""
+        it only decreases, so a layout left out would have written no cell that counts. The floors are built
+        only on the tails a bound per tail lets through (`_Tails`). Where that leaves more lanes to solve than
+        EXACT_AFTER, the lanes of branches without parallel items get their exact needs (`_lane_needs`), which
+        tighten the floors and are read instead of solved; with both exact and no F, each cell takes the first
+        pair with the least side, if below it, as the writes one by one would (`_write_merges`)."""
         assert block.join is not None
         k_side = counts[1]
         found = self.merges.of(block.pinfo, block.join.ops).devices(self.target, k_side)
         if found is None:
             return
         starts, devices = found[:2], found[2]
-        least = np.array(psol.need[0])[None, None, :] + devices[:, :, None]
+        base = np.array(psol.need[0])
         lanes: list[np.ndarray | None] = [None, None]
-        floors, better = self._merge_floors(block, starts, least, k_side, lanes, vec)
+        tails, floors, better = self._merge_floors(block, starts, base, devices, k_side, lanes, vec)
         pairs = np.nonzero(np.logical_or.reduce(better))
         if len(set(pairs[0].tolist())) + len(set(pairs[1].tolist())) > EXACT_AFTER:
             lanes = [self._lane_needs(block, pos, starts[pos], k_side) for pos in (0, 1)]
             exact = [lane for lane in lanes if lane is not None]
             if block.fork is None and len(exact) == 2:
-                self._write_merges(self._sides(least, exact), starts, devices, vec, chosen)
+                tails = _Tails.of(devices, exact, None, self._room(vec, base, 0))
+                if tails.rows.size and tails.cols.size:
+                    self._write_merges(self._sides(tails, base, devices, exact), tails.starts(starts),
+                                       tails.devices(devices), vec, chosen)
                 return
-            floors, better = self._merge_floors(block, starts, least, k_side, lanes, vec)
+            tails, floors, better = self._merge_floors(block, starts, base, devices, k_side, lanes, vec)
             pairs = np.nonzero(np.logical_or.reduce(better))
         first = 0 if block.fork is None else 1
-        for t0, t1 in zip(*pairs):
+        for at0, at1 in zip(*pairs):
+            t0, t1 = int(tails.rows[at0]), int(tails.cols[at1])
             merge = (int(starts[0][t0]), int(starts[1][t1]), int(devices[t0, t1]))
             for rf, (floor, hits) in enumerate(zip(floors, better)):
                 # the vector has only gone down since `better`: test the floor again against it
-                if hits[t0, t1] and any(low < now for low, now in zip(floor[t0, t1].tolist(), vec[first:])):
+                if hits[at0, at1] and any(low < now for low, now in zip(floor[at0, at1].tolist(), vec[first:])):
                     layout = Layout(None if block.fork is None else rf, None, merge)
                     self._place(solver, layout, self.shapes.shape(block, layout), psol, counts, vec, chosen)
 
-    def _merge_floors(self, block: Block, starts: tuple[np.ndarray, ...], least: np.ndarray, k_side: int,
-                      exact: list[np.ndarray | None], vec: list[int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Per layout kind (one without F, else one per branch taking F), the floor of every pair's cells, and
-        which pairs' floors are below a cell of `vec`. `least` is the base plus M's devices; a lane's floor is
-        its exact need where `exact` has it."""
+    def _merge_floors(self, block: Block, starts: tuple[np.ndarray, ...], base: np.ndarray, devices: np.ndarray,
+                      k_side: int, exact: list[np.ndarray | None], vec: list[int]
+                      ) -> tuple[_Tails, list[np.ndarray], list[np.ndarray]]:
+        """The tails a bound lets through (`_Tails`), and on them, per layout kind (one without F, else one per
+        branch taking F), the floor of every pair's cells and which pairs' floors are below a cell of `vec`.
+        `base` is the parallel block's base and `devices` M's; a lane's floor is its exact need where `exact`
+        has it."""
         lanes = [lane if lane is not None else self._lane_floors(block, pos, False, starts[pos], k_side)
                  for pos, lane in enumerate(exact)]
+        cap = self.tables.num_devices
         if block.fork is None:  # cell v costs at least the floor at v
-            floors = [self._sides(least, lanes)]
+            tails = _Tails.of(devices, lanes, None, self._room(vec, base, 0))
+            floors = [self._sides(tails, base, devices, lanes)]
+            current = np.array(vec)
         else:  # F's stage opens lane r_f: cell u + 1 costs at least that lane's floor at u + 1 plus the rest at u
             forks = [self._lane_floors(block, pos, True, starts[pos], k_side) for pos in (0, 1)]
-            floors = [forks[0][:, None, 1:] + (least + lanes[1][None, :, :])[..., :-1],
-                      forks[1][None, :, 1:] + (least + lanes[0][:, None, :])[..., :-1]]
-        cap = self.tables.num_devices
-        for floor in floors:
-            floor[floor > cap] = BIG  # above the devices: no cell it writes counts
-        current = np.array(vec[0 if block.fork is None else 1:])
-        return floors, [np.asarray((floor < current).any(axis=2)) for floor in floors]
+            tails = _Tails.of(devices, lanes, forks, self._room(vec, base, 1))
+            least = base[None, None, :] + tails.devices(devices)[:, :, None]
+            own = [lanes[0][tails.rows], lanes[1][tails.cols]]
+            floors = [forks[0][tails.rows][:, None, 1:] + (least + own[1][None, :, :])[..., :-1],
+                      forks[1][tails.cols][None, :, 1:] + (least + own[0][:, None, :])[..., :-1]]
+            for floor in floors:
+                floor[floor > cap] = BIG  # above the devices: no cell it writes counts
+            current = np.array(vec[1:])
+        return tails, floors, [np.asarray((floor < current).any(axis=2)) for floor in floors]
 
-    def _sides(self, least: np.ndarray, lanes: list[np.ndarray]) -> np.ndarray:
-        """Per pair of tails and cell, `least` plus both lanes (above the devices: BIG)."""
-        sides = np.asarray(least + lanes[0][:, None, :] + lanes[1][None, :, :])
+    def _room(self, vec: list[int], base: np.ndarray, shift: int) -> np.ndarray:
+        """Per cell v, what a pair may add to the base and still better the vector's cell v + `shift` within the
+        devices (the floors' cells are shifted by one where F's stage comes first)."""
+        cells = np.minimum(np.array(vec[shift:]), self.tables.num_devices + 1)
+        return np.asarray(cells - base[:len(cells)])
+
+    def _sides(self, tails: _Tails, base: np.ndarray, devices: np.ndarray, lanes: list[np.ndarray]) -> np.ndarray:
+        """Per pair of `tails` and cell, the base, M's devices and both lanes (above the devices: BIG)."""
+        sides = np.asarray(base[None, None, :] + tails.devices(devices)[:, :, None]
+                           + lanes[0][tails.rows][:, None, :] + lanes[1][tails.cols][None, :, :])
         sides[sides > self.tables.num_devices] = BIG
         return sides
 

@@ -9,6 +9,9 @@ Two sweeps (analytic V100 costs, Summit, mini-batch 128, every power-of-two micr
   at 32 devices;
 - devices: MMT with 4 branches of 32 layers at 8, 32, 128, 512 and 1,024 devices.
 
+Two more, run on their own (`--sweep`): `baselines` (the paper's models against PipeDream and Piper) and
+`families` (two_branch, dlrm and candle_uno with 4, 16 and 32 layers per branch at 32 devices).
+
 Every run is one `gp.plan` call (search, then the ranking by simulation that every planner gets) in
 its own process, so its peak resident memory is its own and a run past `--limit` seconds is stopped.
 A planner and granularity stopped at one size is not run at the larger sizes of that sweep. Within a
@@ -42,6 +45,9 @@ SWEEPS: dict[str, list[tuple[str, int, int]]] = {  # (model, layers per branch, 
     "devices": [("mmt", 32, 8), ("mmt", 32, 32), ("mmt", 32, 128), ("mmt", 32, 512), ("mmt", 32, 1024)],
     # the paper's models as the paper sizes them (layers 0: the preset's), against the baselines
     "baselines": [(model, 0, devices) for model in ("candle_uno", "dlrm", "mmt") for devices in (8, 32)],
+    # the other branch shapes, growing: two twin towers with a merge stage, many short branches (7 + 7 in dlrm),
+    # seven unequal ones (candle_uno), for graphpipe against its own chain DP
+    "families": [(model, layers, 32) for model in ("two_branch", "dlrm", "candle_uno") for layers in (4, 16, 32)],
 }
 
 
@@ -213,9 +219,10 @@ def main() -> None:
         print(json.dumps(one_run(graph_file, costs_file, int(devices), planner, granularity)))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sweep", choices=("ops", "devices", "both", "baselines"), default="both",
-                        help="ops and devices (both, the default), or baselines: the paper's models at 8 and 32 "
-                             "devices, for graphpipe against PipeDream and Piper at layer granularity")
+    parser.add_argument("--sweep", choices=("ops", "devices", "both", "baselines", "families"), default="both",
+                        help="ops and devices (both, the default); baselines: the paper's models at 8 and 32 "
+                             "devices, for graphpipe against PipeDream and Piper at layer granularity; families: "
+                             "the other branch shapes (two_branch, dlrm, candle_uno) with 4-32 layers at 32 devices")
     parser.add_argument("--planners", default=",".join(PLANNERS))
     parser.add_argument("--rounds", type=int, default=3, help="runs of every planner per configuration (default 3)")
     parser.add_argument("--limit", type=float, default=120.0, help="seconds before a run is stopped (default 120)")
@@ -243,7 +250,8 @@ def main() -> None:
     Path(args.out).write_text(json.dumps({"batch": BATCH, "cluster": "summit", "costs": "analytic v100-16gb",
                                           "rounds": args.rounds, "limit_s": args.limit,
                                           "machine": platform.platform(), "rows": rows}, indent=1) + "\n")
-    plot(rows, planners, Path(args.out).with_name(Path(args.out).stem.replace("results", "search_time") + ".png"))
+    if set(sweeps) & {"ops", "devices"}:  # the picture's panels
+        plot(rows, planners, Path(args.out).with_name(Path(args.out).stem.replace("results", "search_time") + ".png"))
     print(table(rows, planners, args.limit))
 
 

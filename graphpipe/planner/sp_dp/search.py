@@ -24,7 +24,7 @@ import numpy as np
 from graphpipe.cost.formulas.memory import OPTIMIZER_STATE_FACTOR
 from graphpipe.graph.sp import SPChain
 from graphpipe.planner.sp_dp.fork_join import Shapes
-from graphpipe.planner.sp_dp.merge_tails import MergeTables
+from graphpipe.planner.sp_dp.merge_tails import MergeTables, block_steps, prefix_floors
 from graphpipe.planner.sp_dp.probe import Probe
 from graphpipe.planner.sp_dp.size_tables import ChainConstants, SegmentOffers, SizeTables
 from graphpipe.planner.sp_dp.tables import ChainInfo, ChainTables, ParInfo, build_tables
@@ -204,6 +204,16 @@ class Search:
                                                for d in self.tables.degrees]))
         return OPTIMIZER_STATE_FACTOR * params + acts <= self.tables.memory_limit * self.num_devices
 
+    def may_meet(self, target_ms: float) -> bool:
+        """False when no plan at this size meets `target_ms`, proven without a probe: the root chain's prefix floor
+        (`merge_tails.prefix_floors`, the DP with every stage holding one micro-batch, its blocks stepped over on
+        their least work: never above the DP's need) needs more than the devices at every in-flight count. It
+        reads the segment table a probe builds anyway, and skips the offers and the DP's rows."""
+        tables, root = self.tables, self.root
+        fewest = tables.fewest_degrees(root, target_ms, np.array([1]))[0]
+        steps = block_steps(tables, root, target_ms) if root.has_parallel else None
+        return int(prefix_floors(fewest, tables.max_v, steps)[-1, -1]) <= tables.num_devices
+
     def attempt(self, target_ms: float) -> bool:
         """One probe; moves `hi` down to the plan found, or `lo` up to the target."""
         found = self.probe(target_ms)
@@ -333,7 +343,8 @@ def _coarse(search: Search, best_hi: float, ceiling_ms: float | None, ratio: flo
     if not search.may_fit():
         return None
     if ceiling_ms is not None:
-        if not search.attempt(ceiling_ms):  # a lone probe: `offers` builds for this target only
+        # the floor, then a lone probe (`offers` builds for this target only)
+        if not search.may_meet(ceiling_ms) or not search.attempt(ceiling_ms):
             return None  # nothing at this size beats the ceiling
         search.lo = bound * (1 - TOLERANCE)
     elif not search.start(bound * ratio if ratio is not None else None, far_ms=None if far is None else bound * far):

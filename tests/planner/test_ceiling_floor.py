@@ -1,0 +1,70 @@
+"""The floor that skips a ceiling probe (`sp_dp.search.Search.may_meet`): where it says no plan meets a target, the
+probe finds none, on the SP tree and on the chain, with and without a memory limit; and the chain search with the
+ceiling finds the same plans without it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from graphpipe.planner.api import make_request
+from graphpipe.planner.graphpipe_planner import chain_ceiling
+from graphpipe.planner.request import PlanRequest
+from graphpipe.planner.sp_dp import Search, build_tables, partition_sp
+from graphpipe.planner.stage_spec import StageSpec
+from tests.planner.random_sp_graphs import Case, cases
+
+NO_LIMIT = 1e18
+SCALES = (0.5, 0.8, 0.95, 1.0, 1.05, 1.3, 2.0)  # targets around the best plan's bottleneck
+
+
+def _request(case: Case, limit: float) -> PlanRequest:
+    return make_request(case.graph, case.costs, case.cluster, case.global_batch_size,
+                        micro_batch_sizes=[case.micro_batch_size], memory_limit=limit)
+
+
+def _limits(case: Case) -> tuple[float, ...]:
+    """No limit, and one that binds: the weights and one micro-batch of the heaviest op, times the tightness."""
+    request = _request(case, NO_LIMIT)
+    heaviest = max(4 * request.model.param_bytes[op] + request.model.op_at(op, case.micro_batch_size)[2]
+                   for op in case.graph.names)
+    return NO_LIMIT, heaviest * (1 + case.tightness)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=cases())
+def test_a_target_the_floor_rules_out_has_no_plan(case: Case) -> None:
+    for limit in _limits(case):
+        request = _request(case, limit)
+        found = partition_sp(request.model, request.sp_tree, request.num_devices, request.micro_batch_sizes,
+                             request.memory_limit)
+        plans = [plans[0] for plans in found.values() if plans]
+        best = math.inf if not plans else max(
+            request.model.stage_cost(s.ops, s.num_devices, s.micro_batch_size).tps_ms for s in plans[0])
+        targets = [math.inf] if math.isinf(best) else [best * scale for scale in SCALES]
+        for tree in (request.sp_tree, request.chain_tree):
+            chains, pars = build_tables(request.model, tree)
+            search = Search(request.model, tree, request.num_devices, case.micro_batch_size, limit, chains, pars)
+            for target in targets:
+                if not search.may_meet(target):
+                    assert search.probe(target) is None, (target, best)
+
+
+def _with_ceiling(request: PlanRequest) -> dict[int, list[list[StageSpec]]]:
+    model, devices, sizes, limit = request.model, request.num_devices, request.micro_batch_sizes, request.memory_limit
+    found = partition_sp(model, request.sp_tree, devices, sizes, limit, every_size=True)
+    return partition_sp(model, request.chain_tree, devices, sizes, limit, ceiling_ms=chain_ceiling(model, found),
+                        every_size=True)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=cases())
+def test_the_ceiling_search_finds_the_same_plans_without_the_floor(case: Case) -> None:
+    for limit in _limits(case):
+        with_floor = _with_ceiling(_request(case, limit))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(Search, "may_meet", lambda self, target_ms: True)
+            without = _with_ceiling(_request(case, limit))
+        assert with_floor == without

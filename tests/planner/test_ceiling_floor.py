@@ -1,11 +1,14 @@
 """The floor that skips a ceiling probe (`sp_dp.search.Search.may_meet`): where it says no plan meets a target, the
-probe finds none, on the SP tree and on the chain, with and without a memory limit; and the chain search with the
-ceiling finds the same plans without it."""
+probe finds none, on the SP tree and on the chain, with and without a memory limit; the chain search with the
+ceiling finds the same plans without it; and on a chain it reads the segments within the target as a band
+(`sp_dp.band`) whose fewest degrees are the whole table's, nothing outside it meeting the target, and whose prefix
+floors are `merge_tails.prefix_floors`' of the whole table."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
@@ -13,6 +16,9 @@ from graphpipe.planner.api import make_request
 from graphpipe.planner.graphpipe_planner import chain_ceiling
 from graphpipe.planner.request import PlanRequest
 from graphpipe.planner.sp_dp import Search, build_tables, partition_sp
+from graphpipe.planner.sp_dp.band import band_width, chain_floors, fewest_in_band, floors_in_band
+from graphpipe.planner.sp_dp.blocks import BIG
+from graphpipe.planner.sp_dp.merge_tails import prefix_floors
 from graphpipe.planner.stage_spec import StageSpec
 from tests.planner.random_sp_graphs import Case, cases
 
@@ -68,3 +74,33 @@ def test_the_ceiling_search_finds_the_same_plans_without_the_floor(case: Case) -
             patch.setattr(Search, "may_meet", lambda self, target_ms: True)
             without = _with_ceiling(_request(case, limit))
         assert with_floor == without
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=cases())
+def test_the_band_is_the_tables_segments_within_the_target(case: Case) -> None:
+    for limit in _limits(case):
+        request = _request(case, limit)
+        found = partition_sp(request.model, request.chain_tree, request.num_devices, request.micro_batch_sizes, limit)
+        plans = [plans[0] for plans in found.values() if plans]
+        best = 1.0 if not plans else max(
+            request.model.stage_cost(s.ops, s.num_devices, s.micro_batch_size).tps_ms for s in plans[0])
+        chains, pars = build_tables(request.model, request.chain_tree)
+        search = Search(request.model, request.chain_tree, request.num_devices, case.micro_batch_size, limit,
+                        chains, pars)
+        tables, info = search.tables, search.root
+        for target in (math.inf, best * 2, best, best * 0.7, best * 0.3):
+            whole = tables.fewest_degrees(info, target, np.array([1]))[0]
+            width = band_width(tables, info, target)
+            band = fewest_in_band(tables, info, target, width)
+            assert band.shape == (info.num_items + 1, width)
+            for start in range(info.num_items + 1):
+                for stop in range(start + 1, info.num_items + 1):
+                    if stop <= start + width:
+                        assert int(band[start, stop - start - 1]) == int(whole[start, stop]), (target, start, stop)
+                    else:
+                        assert int(whole[start, stop]) == BIG, (target, start, stop)  # outside: nothing meets
+                assert (band[start, info.num_items - start:] == BIG).all()  # past the chain's end
+            floors = prefix_floors(whole, tables.max_v)
+            assert (floors_in_band(band, tables.max_v) == floors).all(), target
+            assert (chain_floors(tables, info, target) == floors).all(), target

@@ -23,6 +23,7 @@ import numpy as np
 
 from graphpipe.cost.formulas.memory import OPTIMIZER_STATE_FACTOR
 from graphpipe.graph.sp import SPChain
+from graphpipe.planner.sp_dp.band import chain_floors
 from graphpipe.planner.sp_dp.fork_join import Shapes
 from graphpipe.planner.sp_dp.merge_tails import MergeTables, block_steps, prefix_floors
 from graphpipe.planner.sp_dp.probe import Probe
@@ -207,12 +208,16 @@ class Search:
     def may_meet(self, target_ms: float) -> bool:
         """False when no plan at this size meets `target_ms`, proven without a probe: the root chain's prefix floor
         (`merge_tails.prefix_floors`, the DP with every stage holding one micro-batch, its blocks stepped over on
-        their least work: never above the DP's need) needs more than the devices at every in-flight count. It
-        reads the segment table a probe builds anyway, and skips the offers and the DP's rows."""
+        their least work: never above the DP's need) needs more than the devices at every in-flight count. On a
+        chain without parallel items it reads only the segments within the target where they are few (`band`),
+        else the segment table a probe builds anyway; either way it skips the offers and the DP's rows."""
         tables, root = self.tables, self.root
-        fewest = tables.fewest_degrees(root, target_ms, np.array([1]))[0]
-        steps = block_steps(tables, root, target_ms) if root.has_parallel else None
-        return int(prefix_floors(fewest, tables.max_v, steps)[-1, -1]) <= tables.num_devices
+        if root.has_parallel:
+            fewest = tables.fewest_degrees(root, target_ms, np.array([1]))[0]
+            floors = prefix_floors(fewest, tables.max_v, block_steps(tables, root, target_ms))
+        else:  # the chain pass's own chain: the segments within the target only, where they are few (`band`)
+            floors = chain_floors(tables, root, target_ms)
+        return int(floors[-1, -1]) <= tables.num_devices
 
     def attempt(self, target_ms: float) -> bool:
         """One probe; moves `hi` down to the plan found, or `lo` up to the target."""

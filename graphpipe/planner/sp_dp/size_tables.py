@@ -208,7 +208,9 @@ class SizeTables:
         `fits[d, i, j]`: j > i and every [i, j') with i < j' <= j holds its weights and one micro-batch.
         Computed in place where it can: the arrays of a long chain are large."""
         b = self.micro_batch_size
-        fixed = self.chain_constants(info)
+        fixed = self.constants.get(info.content)
+        if fixed is None:
+            fixed = self.constants[info.content] = ChainConstants(self, info)
         prefixes = [info.prefix_arrays(b / d1) for d1 in self.degrees]
         times = np.stack([times for times, _ in prefixes])[:, None, :]
         acts = np.stack([acts for _, acts in prefixes])[:, None, :]
@@ -221,13 +223,6 @@ class SizeTables:
         np.logical_not(fits, out=fits)
         fits &= fixed.later
         return compute, tps, k_max, fits
-
-    def chain_constants(self, info: ChainInfo) -> ChainConstants:
-        """The chain's `ChainConstants`, built on first use and shared with the other sizes."""
-        fixed = self.constants.get(info.content)
-        if fixed is None:
-            fixed = self.constants[info.content] = ChainConstants(self, info)
-        return fixed
 
     def _segment_tps(self, info: ChainInfo, compute: np.ndarray, fixed: ChainConstants) -> np.ndarray:
         """TPS per degree and segment, from the compute per sample."""

@@ -3,8 +3,9 @@
 A chain is a special case of a stage DAG, and some chains are not SP-aligned (a stage that
 ends inside one branch and starts the next); so the search also runs the same DP on the
 graph linearised in topological order, with the best graph pipeline's TPS as a ceiling: it
-costs one probe per micro-batch size (none where the size's lower bound is already above the
-ceiling) unless a chain is better, and then that chain is searched like any size and kept as
+costs at most one probe per micro-batch size (none where the size's lower bound is already above
+the ceiling, or where a floor over the chain's segments rules it out: `Search.may_meet`) unless a
+chain is better, and then that chain is searched like any size and kept as
 a candidate too. So graphpipe's best TPS is never worse than the chains' (to the search's
 tolerance). A chain that is worse in TPS is not searched for, even if it would simulate
 faster (docs/architecture.md). When no graph pipeline fits in memory, a chain still may (one

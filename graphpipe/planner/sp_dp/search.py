@@ -302,7 +302,8 @@ def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_
     fewest micro-batches in flight at the source within the target, so a slightly looser target
     often gives a shallower graph with less warm-up, which the simulation may prefer.
     With `ceiling_ms`, only plans whose bottleneck is at most the ceiling are searched for (one
-    probe per size when there are none, none when the size's lower bound is above the ceiling).
+    probe per size when there are none, none when the size's lower bound is above the ceiling or
+    its floor says no plan meets it: `Search.may_meet`).
     `memo`: what calls on the same model share (`ModelMemo.of(model)` by default).
     """
     chains, pars = build_tables(model, tree)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from graphpipe.cost.formulas.memory import static_memory_bytes
 from graphpipe.planner.api import make_request
 from graphpipe.planner.graphpipe_planner import chain_ceiling
 from graphpipe.planner.request import PlanRequest
@@ -32,9 +33,10 @@ def _request(case: Case, limit: float) -> PlanRequest:
 
 
 def _limits(case: Case) -> tuple[float, ...]:
-    """No limit, and one that binds: the weights and one micro-batch of the heaviest op, times the tightness."""
-    request = _request(case, NO_LIMIT)
-    heaviest = max(4 * request.model.param_bytes[op] + request.model.op_at(op, case.micro_batch_size)[2]
+    """No limit, and one that binds: the static state and one micro-batch of the heaviest op, times 1 plus the
+    case's tightness (so a stage holds few ops and few micro-batches)."""
+    model = _request(case, NO_LIMIT).model
+    heaviest = max(static_memory_bytes(model.param_bytes[op]) + model.op_at(op, case.micro_batch_size)[2]
                    for op in case.graph.names)
     return NO_LIMIT, heaviest * (1 + case.tightness)
 

@@ -5,21 +5,19 @@ A segment's TPS is at least its compute per sample (the p2p and all-reduce terms
 compute only grows with the stop, so from each start only the stops up to the last whose compute on some
 degree is within the target can meet it: W stops per start, far fewer than the chain's length on a long
 chain and a tight target. `fewest_in_band` evaluates the segment table's formulas
-(`SizeTables._segment_arrays`) on the band only, elementwise and in the same order, so every number is
-the table's; `floors_in_band` is `merge_tails.prefix_floors` over those segments (the others meet
-nothing), the same floors. The chain pass reads them (`Search.may_meet`, through `chain_floors`): at op
-level on many devices, building the whole table of every micro-batch size was most of its time.
+(`SizeTables.segment_costs`, shared with the table) on the band only, so every number is the table's;
+`floors_in_band` is `merge_tails.prefix_floors` over those segments (the others meet nothing), the same
+floors. The chain pass reads them (`Search.may_meet`, through `chain_floors`): at op level on many
+devices, building the whole table of every micro-batch size was most of its time.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from graphpipe.cost.formulas.communication import p2p_ms_array, ring_all_reduce_ms_array
-from graphpipe.cost.formulas.memory import max_in_flight_micro_batches_array
-from graphpipe.cost.formulas.time_per_sample import time_per_sample_ms_array
+from graphpipe.cost.formulas.communication import ring_all_reduce_ms_array
 from graphpipe.planner.sp_dp.blocks import BIG
-from graphpipe.planner.sp_dp.merge_tails import prefix_floors
+from graphpipe.planner.sp_dp.merge_tails import block_steps, held_floors
 from graphpipe.planner.sp_dp.size_tables import SizeTables, fewest_degree
 from graphpipe.planner.sp_dp.tables import ChainInfo
 from graphpipe.planner.stage_cost import all_reduce_link
@@ -42,12 +40,15 @@ def band_width(tables: SizeTables, info: ChainInfo, target_ms: float) -> int:
 
 
 def chain_floors(tables: SizeTables, info: ChainInfo, target_ms: float) -> np.ndarray:
-    """`merge_tails.prefix_floors` of a chain without parallel items at one micro-batch in flight: from the band
-    where it is at most NARROW of the chain, else from the whole table (gathering a wide band costs more than
-    the table, which a probe at this target builds anyway)."""
+    """`merge_tails.prefix_floors` of the chain at one micro-batch in flight: from the band where the chain has no
+    parallel items and the band is at most NARROW of it, else from the whole table, its blocks stepped over on
+    their least work (gathering a wide band costs more than the table, which a probe at this target builds
+    anyway)."""
+    if info.has_parallel:
+        return held_floors(tables, info, target_ms, 1, block_steps(tables, info, target_ms))
     width = band_width(tables, info, target_ms)
     if width > NARROW * info.num_items:
-        return prefix_floors(tables.fewest_degrees(info, target_ms, np.array([1]))[0], tables.max_v)
+        return held_floors(tables, info, target_ms, 1)
     return floors_in_band(fewest_in_band(tables, info, target_ms, width), tables.max_v)
 
 
@@ -67,16 +68,10 @@ def fewest_in_band(tables: SizeTables, info: ChainInfo, target_ms: float, width:
     compute = times[:, stops] - times[:, starts]
     compute /= b
     messages, num_bytes = info.boundary_matrix()
-    per_device = np.array([b / d1 for d1 in tables.degrees])[:, None, None]
-    comm = p2p_ms_array(tables.model.link, messages[starts, stops], num_bytes[starts, stops] * per_device)
     reduce_ms = [ring_all_reduce_ms_array(all_reduce_link(tables.model.cluster, d1), params, d1)
                  for d1 in tables.degrees]
-    tps = time_per_sample_ms_array(compute, comm, reduce_ms, b, tables.global_batch_size)
-    k_max = max_in_flight_micro_batches_array(params, acts[:, stops] - acts[:, starts],
-                                              tables.memory_limit, tables.num_micro_batches, tables.max_v)
-    fits = np.logical_or.accumulate((k_max < 1) & inside, axis=2)  # as the table's: every shorter one fits too
-    np.logical_not(fits, out=fits)
-    fits &= inside
+    tps, k_max, fits = tables.segment_costs(compute, messages[starts, stops], num_bytes[starts, stops], params,
+                                            reduce_ms, acts[:, stops] - acts[:, starts], inside)
     meets = tps <= target_ms
     meets &= fits
     meets &= k_max >= 1

@@ -74,8 +74,8 @@ from graphpipe.planner.sp_dp.merge_tails import (
     MergeTables,
     Step,
     block_steps,
+    held_floors,
     needs_after,
-    prefix_floors,
     prefix_needs,
     shifted,
 )
@@ -483,13 +483,12 @@ class ForkJoinSolver:
     def _floors(self, chain: ChainInfo, k_after: int) -> np.ndarray:
         """`merge_tails.prefix_floors` of the chain followed by k_after in flight (each of its stages holds at
         least k_after + 1), its parallel items and blocks stepped over as `merge_tails.block_steps`."""
-        fewest = self.tables.fewest_degrees(chain, self.target, np.array([k_after + 1]))[0]
         steps = None
         if chain.has_parallel:  # the same for every k_after
             steps = self.steps_memo.get(chain.content)
             if steps is None:
                 steps = self.steps_memo[chain.content] = block_steps(self.tables, chain, self.target)
-        return prefix_floors(fewest, self.tables.max_v, steps)
+        return held_floors(self.tables, chain, self.target, k_after + 1, steps)
 
     # ---- the fork's stage --------------------------------------------------------------------
     def _fork_stage(self, solver: ChainSolver, layout: Layout, shape: _Shape, k_lane: int, side: list[int],

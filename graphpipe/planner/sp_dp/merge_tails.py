@@ -234,6 +234,13 @@ def prefix_floors(fewest: np.ndarray, max_v: int, steps: dict[int, list[Step]] |
     return floors
 
 
+def held_floors(tables: SizeTables, info: ChainInfo, target_ms: float, held: int,
+                steps: dict[int, list[Step]] | None = None) -> np.ndarray:
+    """`prefix_floors` of the chain with every stage holding `held` micro-batches, from its whole segment table
+    (`steps`: its parallel items and blocks, `block_steps`, where it has any)."""
+    return prefix_floors(tables.fewest_degrees(info, target_ms, np.array([held]))[0], tables.max_v, steps)
+
+
 def block_steps(tables: SizeTables, info: ChainInfo, target_ms: float) -> dict[int, list[Step]]:
     """Per start, what else than a segment the chain DP may stage from there (`Probe._solve_chain`): its parallel
     item opened (up to the next item) and the fork/join blocks starting there (up to the block's parallel item

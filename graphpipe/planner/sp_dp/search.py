@@ -25,7 +25,7 @@ from graphpipe.cost.formulas.memory import OPTIMIZER_STATE_FACTOR
 from graphpipe.graph.sp import SPChain
 from graphpipe.planner.sp_dp.band import chain_floors
 from graphpipe.planner.sp_dp.fork_join import Shapes
-from graphpipe.planner.sp_dp.merge_tails import MergeTables, block_steps, prefix_floors
+from graphpipe.planner.sp_dp.merge_tails import MergeTables
 from graphpipe.planner.sp_dp.probe import Probe
 from graphpipe.planner.sp_dp.size_tables import ChainConstants, SegmentOffers, SizeTables
 from graphpipe.planner.sp_dp.tables import ChainInfo, ChainTables, ParInfo, build_tables
@@ -211,13 +211,7 @@ class Search:
         their least work: never above the DP's need) needs more than the devices at every in-flight count. On a
         chain without parallel items it reads only the segments within the target where they are few (`band`),
         else the segment table a probe builds anyway; either way it skips the offers and the DP's rows."""
-        tables, root = self.tables, self.root
-        if root.has_parallel:
-            fewest = tables.fewest_degrees(root, target_ms, np.array([1]))[0]
-            floors = prefix_floors(fewest, tables.max_v, block_steps(tables, root, target_ms))
-        else:  # the chain pass's own chain: the segments within the target only, where they are few (`band`)
-            floors = chain_floors(tables, root, target_ms)
-        return int(floors[-1, -1]) <= tables.num_devices
+        return int(chain_floors(self.tables, self.root, target_ms)[-1, -1]) <= self.tables.num_devices
 
     def attempt(self, target_ms: float) -> bool:
         """One probe; moves `hi` down to the plan found, or `lo` up to the target."""

@@ -216,22 +216,28 @@ class SizeTables:
         acts = np.stack([acts for _, acts in prefixes])[:, None, :]
         compute = times - times.transpose(0, 2, 1)
         compute /= b
-        tps = self._segment_tps(info, compute, fixed)
-        k_max = max_in_flight_micro_batches_array(fixed.params, acts - acts.transpose(0, 2, 1), self.memory_limit,
-                                                  self.num_micro_batches, self.max_v)
-        fits = np.logical_or.accumulate((k_max < 1) & fixed.later, axis=2)
-        np.logical_not(fits, out=fits)
-        fits &= fixed.later
+        messages, num_bytes = info.boundary_matrix()
+        tps, k_max, fits = self.segment_costs(compute, messages, num_bytes, fixed.params,
+                                              [fixed.all_reduce(d1) for d1 in self.degrees],
+                                              acts - acts.transpose(0, 2, 1), fixed.later)
         return compute, tps, k_max, fits
 
-    def _segment_tps(self, info: ChainInfo, compute: np.ndarray, fixed: ChainConstants) -> np.ndarray:
-        """TPS per degree and segment, from the compute per sample."""
+    def segment_costs(self, compute: np.ndarray, messages: np.ndarray, num_bytes: np.ndarray, params: np.ndarray,
+                      reduce_ms: Sequence[np.ndarray | float], acts: np.ndarray,
+                      later: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(TPS, most in flight, fits) of segments, degree x start x stop, from their compute per sample, boundary
+        messages and bytes per sample, weights, all-reduce time per degree and activations (`acts`, overwritten),
+        with `later` marking the segments that exist (stops along the last axis, from the first on): the table's
+        formulas, elementwise, for the whole table and for a band of it (`band`)."""
         b = self.micro_batch_size
-        messages, num_bytes = info.boundary_matrix()
         per_device = np.array([b / d1 for d1 in self.degrees])[:, None, None]
         comm = p2p_ms_array(self.model.link, messages, num_bytes * per_device)
-        return time_per_sample_ms_array(compute, comm, [fixed.all_reduce(d1) for d1 in self.degrees], b,
-                                        self.global_batch_size)
+        tps = time_per_sample_ms_array(compute, comm, reduce_ms, b, self.global_batch_size)
+        k_max = max_in_flight_micro_batches_array(params, acts, self.memory_limit, self.num_micro_batches, self.max_v)
+        fits = np.logical_or.accumulate((k_max < 1) & later, axis=2)  # every shorter segment of the start fits too
+        np.logical_not(fits, out=fits)
+        fits &= later
+        return tps, k_max, fits
 
     def group_options(self, pinfo: ParInfo, group: int) -> list[tuple[int, float, int]]:
         """(devices, TPS, most micro-batches in flight) of merged branches, fewest devices first; cached."""

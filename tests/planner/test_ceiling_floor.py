@@ -17,7 +17,7 @@ from graphpipe.planner.api import make_request
 from graphpipe.planner.graphpipe_planner import chain_ceiling
 from graphpipe.planner.request import PlanRequest
 from graphpipe.planner.sp_dp import Search, build_tables, partition_sp
-from graphpipe.planner.sp_dp.band import band_width, chain_floors, fewest_in_band, floors_in_band
+from graphpipe.planner.sp_dp.band import band_widths, chain_floors, fewest_in_band, floors_in_band
 from graphpipe.planner.sp_dp.blocks import BIG
 from graphpipe.planner.sp_dp.merge_tails import prefix_floors
 from graphpipe.planner.stage_spec import StageSpec
@@ -93,8 +93,9 @@ def test_the_band_is_the_tables_segments_within_the_target(case: Case) -> None:
         tables, info = search.tables, search.root
         for target in (math.inf, best * 2, best, best * 0.7, best * 0.3):
             whole = tables.fewest_degrees(info, target, np.array([1]))[0]
-            width = band_width(tables, info, target)
-            band = fewest_in_band(tables, info, target, width)
+            widths = band_widths(tables, info, target)
+            band = fewest_in_band(tables, info, target, widths)
+            width = max(widths)
             assert band.shape == (info.num_items + 1, width)
             for start in range(info.num_items + 1):
                 for stop in range(start + 1, info.num_items + 1):

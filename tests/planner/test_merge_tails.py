@@ -18,6 +18,8 @@ from graphpipe.planner.sp_dp import Probe, Search, build_tables, fork_join, part
 from graphpipe.planner.sp_dp.blocks import BIG, MERGE_BRANCHES
 from graphpipe.planner.sp_dp.fork_join import ForkJoinSolver
 from graphpipe.planner.sp_dp.merge_tails import (
+    MergeTable,
+    PrefixNeeds,
     block_steps,
     merge_boundary,
     needs_after,
@@ -25,6 +27,7 @@ from graphpipe.planner.sp_dp.merge_tails import (
     prefix_needs,
     shifted,
 )
+from graphpipe.planner.sp_dp.size_tables import fewest_degree
 from graphpipe.planner.sp_dp.tables import Block, ChainInfo, ChainTables
 from graphpipe.planner.stage_spec import StageSpec
 from tests.planner.random_sp_graphs import Case, cases
@@ -81,18 +84,24 @@ def _nested_chains(probe: Probe) -> list[ChainInfo]:
 @given(case=cases(shapes=MERGING))
 def test_prefix_floors_bound_the_need_and_equal_it_without_a_memory_limit(case: Case) -> None:
     """On every chain without parallel items, every prefix and every k_after: floor <= need (tight memory) and
-    floor == need (no limit), above the devices read as infeasible, and `prefix_needs` gives the need itself; on
-    chains with parallel items (blocks stepped over on their least work), floor <= need."""
+    floor == need (no limit), above the devices read as infeasible, and `prefix_needs` and `PrefixNeeds` (from the
+    floors where no count depends on memory, as with no limit) give the need itself; on chains with parallel items
+    (blocks stepped over on their least work), floor <= need."""
     for limit, equal in ((NO_LIMIT, True), (_tight_limit(case), False)):
         request = _request(case, limit)
         for target in (math.inf, _middling_target(request)):
             probe = _probe(request, target)
             for info in _leaf_chains(probe):
                 held = prefix_needs(probe.tables.fewest_degrees(info, target, np.arange(probe.tables.max_v + 1)))
+                needs = PrefixNeeds.of(probe.tables, info, target)
+                assert needs is not None
+                if equal:  # no limit: no stage's count depends on memory, so the floors are the needs
+                    assert needs.floors is not None
                 for k_after in range(probe.tables.max_v + 1):
                     fewest = probe.tables.fewest_degrees(info, target, np.array([k_after + 1]))[0]
                     bounds = shifted(prefix_floors(fewest, probe.tables.max_v), np.arange(info.num_items + 1), k_after)
                     exact = needs_after(held, k_after, probe.tables.num_devices)
+                    after = needs.after(k_after, probe.tables.num_devices)
                     for end in range(info.num_items + 1):
                         need = np.array(probe.chain(info, k_after, end).need[0])
                         bound = np.where(bounds[end] <= probe.tables.num_devices, bounds[end], BIG)
@@ -100,6 +109,7 @@ def test_prefix_floors_bound_the_need_and_equal_it_without_a_memory_limit(case: 
                         if equal:
                             assert (bound == need).all(), (end, k_after, bound, need)
                         assert exact[end].tolist() == need.tolist(), (end, k_after, exact[end], need)
+                        assert after[end].tolist() == need.tolist(), (end, k_after, after[end], need)
             for info in _nested_chains(probe):
                 steps = block_steps(probe.tables, info, target)
                 for k_after in range(probe.tables.max_v + 1):
@@ -179,6 +189,31 @@ def test_pruning_merge_layouts_changes_no_plan(case: Case) -> None:
             patch.setattr(fork_join._Tails, "of", classmethod(_every_tail))
             every_tail = _plans(case, limit)
         assert chosen == one_by_one == at_once == every == every_tail
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=cases(shapes=MERGING))
+def test_merge_stage_devices_are_the_fewest_degree_that_meets_the_target(case: Case) -> None:
+    """`MergeTable.devices` (read from the least TPS per degree, kept between probes) is, on every pair, the fewest
+    degree whose TPS meets the target and that holds k_side, where both tails fit alone and together."""
+    for limit in (NO_LIMIT, _tight_limit(case)):
+        probe = _probe(_request(case, limit), math.inf)
+        for block in _merge_blocks(probe.host.shapes.chains):
+            assert block.join is not None
+            table = MergeTable(probe.tables, block.pinfo, block.join.ops)
+            for target in (math.inf, _middling_target(_request(case, limit)), 1e-9):
+                for k_side in (1, 2, probe.tables.max_v):
+                    found = table.devices(target, k_side)
+                    if found is None:
+                        continue
+                    count0, count1 = len(found[0]), len(found[1])
+                    tps, k_max = table._costs(count0, count1)
+                    meets = (tps[:, :count0, :count1] <= target) & (k_max[:, :count0, :count1] >= k_side)
+                    expected = fewest_degree(meets, probe.tables.degrees, axis=0)
+                    alone = table.compute[0][:count0, None] + table.compute[1][None, :count1] <= target
+                    alone &= table.params[0][:count0, None] + table.params[1][None, :count1] <= limit
+                    expected[~np.logical_and.accumulate(alone, axis=1)] = BIG
+                    assert found[2].tolist() == expected.tolist(), (target, k_side)
 
 
 def _every_tail(cls: type[fork_join._Tails], devices: np.ndarray, *_: object) -> fork_join._Tails:

@@ -2,10 +2,12 @@
 without the chain's whole segment table.
 
 A segment's TPS is at least its compute per sample (the p2p and all-reduce terms add to it), and the
-compute only grows with the stop, so from each start only the stops up to the last whose compute on some
-degree is within the target can meet it: W stops per start, far fewer than the chain's length on a long
-chain and a tight target. `fewest_in_band` evaluates the segment table's formulas
-(`SizeTables.segment_costs`, shared with the table) on the band only, so every number is the table's;
+compute only grows with the stop, so from each start only the stops up to the last whose compute on a
+degree is within the target can meet it on that degree: W_d stops per start on degree d, far fewer than
+the chain's length on a long chain and a tight target, and fewer the fewer the devices (a long segment
+meets a target only on many). `fewest_in_band` evaluates the segment table's formulas
+(`SizeTables.segment_costs`, shared with the table) on each degree's band only, so every number is the
+table's;
 `floors_in_band` is `merge_tails.prefix_floors` over those segments (the others meet nothing), the same
 floors. The chain pass reads them (`Search.may_meet`, through `chain_floors`): at op level on many
 devices, building the whole table of every micro-batch size was most of its time.
@@ -18,64 +20,66 @@ import numpy as np
 from graphpipe.cost.formulas.communication import ring_all_reduce_ms_array
 from graphpipe.planner.sp_dp.blocks import BIG
 from graphpipe.planner.sp_dp.merge_tails import block_steps, held_floors
-from graphpipe.planner.sp_dp.size_tables import SizeTables, fewest_degree
+from graphpipe.planner.sp_dp.size_tables import SizeTables
 from graphpipe.planner.sp_dp.tables import ChainInfo
 from graphpipe.planner.stage_cost import all_reduce_link
 
 MARGIN = 1e-6  # relative, on the band's edge: a segment the rounding might let in is kept and evaluated
-NARROW = 0.5  # the widest band, as a share of the chain's length, read as a band (`chain_floors`)
+NARROW = 0.5  # the largest band, as a share of the segment table's cells, read as a band (`chain_floors`)
 
 
-def band_width(tables: SizeTables, info: ChainInfo, target_ms: float) -> int:
-    """Stops per start that may hold a segment within `target_ms`: the most, over starts and degrees, up to the
-    last stop whose compute per sample is within it (with a margin; the chain's length for no target)."""
+def band_widths(tables: SizeTables, info: ChainInfo, target_ms: float) -> list[int]:
+    """Per degree, the stops per start that may hold a segment within `target_ms` on it: the most, over starts, up
+    to the last stop whose compute per sample on that degree is within it (with a margin; the chain's length for no
+    target). Wider degrees reach further: a segment long enough needs many devices."""
     b, size = tables.micro_batch_size, info.num_items + 1
-    width = 1
+    widths = []
     for d1 in tables.degrees:
         times = info.prefix_arrays(b / d1)[0]
         reach = times + target_ms * b * (1 + MARGIN) + MARGIN * abs(float(times[-1]))
         stops = np.searchsorted(times, reach, side="right")  # per start, the first stop beyond the target
-        width = max(width, int((stops - 1 - np.arange(size)).max()))
-    return min(width, max(1, size - 1))
+        widths.append(min(max(1, int((stops - 1 - np.arange(size)).max())), max(1, size - 1)))
+    return widths
 
 
 def chain_floors(tables: SizeTables, info: ChainInfo, target_ms: float) -> np.ndarray:
     """`merge_tails.prefix_floors` of the chain at one micro-batch in flight: from the band where the chain has no
-    parallel items and the band is at most NARROW of it, else from the whole table, its blocks stepped over on
-    their least work (gathering a wide band costs more than the table, which a probe at this target builds
-    anyway)."""
+    parallel items and the band holds at most NARROW of the table's cells, else from the whole table, its blocks
+    stepped over on their least work (gathering a wide band costs more than the table, which a probe at this
+    target builds anyway)."""
     if info.has_parallel:
         return held_floors(tables, info, target_ms, 1, block_steps(tables, info, target_ms))
-    width = band_width(tables, info, target_ms)
-    if width > NARROW * info.num_items:
+    widths = band_widths(tables, info, target_ms)
+    if sum(widths) > NARROW * len(widths) * info.num_items:
         return held_floors(tables, info, target_ms, 1)
-    return floors_in_band(fewest_in_band(tables, info, target_ms, width), tables.max_v)
+    return floors_in_band(fewest_in_band(tables, info, target_ms, widths), tables.max_v)
 
 
-def fewest_in_band(tables: SizeTables, info: ChainInfo, target_ms: float, width: int) -> np.ndarray:
+def fewest_in_band(tables: SizeTables, info: ChainInfo, target_ms: float, widths: list[int]) -> np.ndarray:
     """fewest[i, w]: the fewest degree on which segment [i, i + 1 + w) meets `target_ms` and holds its weights
     and one micro-batch, BIG where none does or past the chain's end: `SizeTables.fewest_degrees` at one
-    micro-batch in flight, on a band of `width` stops per start (`band_width`)."""
+    micro-batch in flight, each degree on its own band (`band_widths`), widest degree first so that a smaller
+    one that also meets overwrites it."""
     size, b = info.num_items + 1, tables.micro_batch_size
-    starts = np.arange(size)[:, None]
-    stops = starts + 1 + np.arange(width)[None, :]
-    inside = stops < size
-    np.minimum(stops, size - 1, out=stops)
-    params = info.param_array[stops] - info.param_array[starts]  # `ChainConstants`' numbers, on the band only
-    prefixes = [info.prefix_arrays(b / d1) for d1 in tables.degrees]
-    times = np.stack([times for times, _ in prefixes])
-    acts = np.stack([acts for _, acts in prefixes])
-    compute = times[:, stops] - times[:, starts]
-    compute /= b
+    fewest = np.full((size, max(widths)), BIG, dtype=np.int64)
     messages, num_bytes = info.boundary_matrix()
-    reduce_ms = [ring_all_reduce_ms_array(all_reduce_link(tables.model.cluster, d1), params, d1)
-                 for d1 in tables.degrees]
-    tps, k_max, fits = tables.segment_costs(compute, messages[starts, stops], num_bytes[starts, stops], params,
-                                            reduce_ms, acts[:, stops] - acts[:, starts], inside)
-    meets = tps <= target_ms
-    meets &= fits
-    meets &= k_max >= 1
-    return fewest_degree(meets, tables.degrees, axis=0)
+    for d1, width in reversed(list(zip(tables.degrees, widths))):
+        starts = np.arange(size)[:, None]
+        stops = starts + 1 + np.arange(width)[None, :]
+        inside = stops < size
+        np.minimum(stops, size - 1, out=stops)
+        params = info.param_array[stops] - info.param_array[starts]  # `ChainConstants`' numbers, on the band only
+        times, acts = info.prefix_arrays(b / d1)
+        compute = (times[stops] - times[starts])[None]
+        compute /= b
+        reduce_ms = ring_all_reduce_ms_array(all_reduce_link(tables.model.cluster, d1), params, d1)
+        tps, k_max, fits = tables.segment_costs(compute, messages[starts, stops], num_bytes[starts, stops], params,
+                                                [reduce_ms], (acts[stops] - acts[starts])[None], inside, (d1,))
+        meets = tps[0] <= target_ms
+        meets &= fits[0]
+        meets &= k_max[0] >= 1
+        fewest[:, :width][meets] = d1
+    return fewest
 
 
 def floors_in_band(fewest: np.ndarray, max_v: int) -> np.ndarray:

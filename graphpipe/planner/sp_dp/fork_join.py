@@ -38,9 +38,10 @@ widest degree, their weights, gradients and Adam state within the memory limit (
 only cost more). Every pair of tails is costed at once (`merge_tails`: M's devices per pair as a
 matrix), and a pair is solved exactly (a prefix solve of each branch, its own tables cut at
 the tail: `Probe.chain(..., end=)`) only when its floor, the lanes' `merge_tails.prefix_floors`
-plus M's devices, betters a cell of the block's vector: almost none do. Where many do (memory
-binds), the branches' prefix needs come from `merge_tails.prefix_needs` instead (`_merges`). Two
-branches only: with more, the tails of every pair would multiply the DP's work.
+plus M's devices, betters a cell of the block's vector: almost none do. Where many do, the
+branches' prefix needs come from `merge_tails.PrefixNeeds` instead (`_merges`): the floors
+themselves where no stage's devices depend on its in-flight count, else a forward pass over every
+count. Two branches only: with more, the tails of every pair would multiply the DP's work.
 
 Nesting. A block's need vector depends on its parallel block, the ops of F and J and k_after
 only, so it is memoised by those (`tables.Block.key`), as are the extended chains (per branch
@@ -70,13 +71,11 @@ import numpy as np
 
 from graphpipe.planner.sp_dp.blocks import BIG, MERGE_BRANCHES
 from graphpipe.planner.sp_dp.merge_tails import (
-    EXACT_CELLS,
     MergeTables,
+    PrefixNeeds,
     Step,
     block_steps,
     held_floors,
-    needs_after,
-    prefix_needs,
     shifted,
 )
 from graphpipe.planner.sp_dp.need import (
@@ -280,7 +279,7 @@ class ForkJoinSolver:
         self.shapes = shapes
         self.merges = merges
         self.floor_memo: dict[tuple[int, int], np.ndarray] = {}  # per chain content and k_after (`_lane_floors`)
-        self.held_memo: dict[int, np.ndarray] = {}  # per chain content, `merge_tails.prefix_needs` (`_lane_needs`)
+        self.held_memo: dict[int, PrefixNeeds | None] = {}  # per chain content (`_lane_needs`)
         self.needs_memo: dict[tuple[int, int], np.ndarray] = {}  # per chain content and k_after (`_needs`)
         self.steps_memo: dict[int, dict[int, list[Step]]] = {}  # per chain content, `merge_tails.block_steps`
         self.block_memo: dict[tuple[BlockKey, bool, int], BlockSol] = {}
@@ -333,7 +332,7 @@ class ForkJoinSolver:
         self._fork_stage(solver, layout, shape, k_side if shape.fork.at_side else k_after, side, vec, chosen)
 
     def _lane_need(self, solver: ChainSolver, lane: _Lane, k_after: int) -> list[int]:
-        """The lane's need vector: a prefix whose chain has a `merge_tails.prefix_needs` table is read from it
+        """The lane's need vector: a prefix whose chain has its `merge_tails.PrefixNeeds` is read from them
         (the same numbers, `_lane_needs`), anything else solved."""
         if lane.chain is None:
             return [0 if v >= k_after else BIG for v in range(self.tables.max_v + 1)]
@@ -344,15 +343,15 @@ class ForkJoinSolver:
         return solver.chain(lane.chain, k_after, lane.end).need[0]
 
     def _needs(self, content: int, k_after: int) -> np.ndarray | None:
-        """Per end, the prefix need vectors of the chain `content` given k_after, where its `prefix_needs` table
-        was built (`_lane_needs`), else None; memoised per k_after."""
+        """Per end, the prefix need vectors of the chain `content` given k_after, where its `PrefixNeeds` were
+        built (`_lane_needs`), else None; memoised per k_after."""
         key = (content, k_after)
         hit = self.needs_memo.get(key)
         if hit is None:
             held = self.held_memo.get(content)
             if held is None:
                 return None
-            hit = self.needs_memo[key] = needs_after(held, k_after, self.tables.num_devices)
+            hit = self.needs_memo[key] = held.after(k_after, self.tables.num_devices)
         return hit
 
     # ---- merge stages ------------------------------------------------------------------------
@@ -458,17 +457,14 @@ class ForkJoinSolver:
 
     def _lane_needs(self, block: Block, pos: int, starts: np.ndarray, k_side: int) -> np.ndarray | None:
         """Per tail start s, the need vector of items [0, s) of branch `pos` given k_side after it, from
-        `merge_tails.prefix_needs` (None: the branch has parallel items, or its table would exceed EXACT_CELLS)."""
+        `merge_tails.PrefixNeeds` (None: the branch has parallel items, or its table would be too large)."""
         chain = self.shapes.chains.extended(block, pos, False, False)
-        counts = self.tables.max_v + 1
-        if chain.has_parallel or counts * counts * (chain.num_items + 1) > EXACT_CELLS:
+        if chain.has_parallel:
             return None
         if chain.content not in self.held_memo:
-            fewest = self.tables.fewest_degrees(chain, self.target, np.arange(counts))
-            self.held_memo[chain.content] = prefix_needs(fewest)
+            self.held_memo[chain.content] = PrefixNeeds.of(self.tables, chain, self.target)
         needs = self._needs(chain.content, k_side)
-        assert needs is not None
-        return np.asarray(needs[starts])
+        return None if needs is None else np.asarray(needs[starts])
 
     def _lane_floors(self, block: Block, pos: int, with_fork: bool, starts: np.ndarray, k_side: int) -> np.ndarray:
         """Per tail start s, the floor of the need vector of the lane that feeds M from branch `pos`: items

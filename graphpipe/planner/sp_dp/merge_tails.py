@@ -27,13 +27,16 @@ matrix over the pairs (t_0, t_1):
   parallel items also steps over each parallel item or fork/join block as one stage on at least
   its least work over the target (`block_steps`).
 
-- `prefix_needs`: the need vectors themselves, of every prefix of a chain without parallel items
-  and for every k, in one forward pass over every entry count at once; its table grows with the
-  square of the devices, so it is built only where many layouts pass their floors.
+- `PrefixNeeds`: the need vectors themselves, of every prefix of a chain without parallel items
+  and for every k, built only where many layouts pass their floors. Where no segment within the
+  target has a fewest degree that depends on its in-flight count (memory lets a stage that holds
+  one micro-batch hold every count), they are the prefix floors: a stage then costs the same
+  whatever it holds. Else `prefix_needs`, one forward pass over every entry count at once, whose
+  table grows with the square of the devices.
 
 `ForkJoinSolver` adds the floors of a layout's lanes to M's devices and solves exactly only the
 layouts whose floor betters a cell of the block's vector; where that leaves many, it reads the
-lanes' needs from `prefix_needs` and writes the block's vector from all pairs at once.
+lanes' needs from `PrefixNeeds` and writes the block's vector from all pairs at once.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ import numpy as np
 from graphpipe.cost.formulas.communication import p2p_ms_array, ring_all_reduce_ms_array
 from graphpipe.cost.formulas.memory import OPTIMIZER_STATE_FACTOR, max_in_flight_micro_batches_array
 from graphpipe.planner.sp_dp.blocks import BIG
-from graphpipe.planner.sp_dp.size_tables import SizeTables, fewest_degree
+from graphpipe.planner.sp_dp.size_tables import SizeTables, fewest_within, least_by_degree
 from graphpipe.planner.sp_dp.tables import ChainInfo, ParInfo
 from graphpipe.planner.stage_cost import all_reduce_link
 
@@ -150,6 +153,7 @@ class MergeTable:
             weights = np.array(info.param_prefix, dtype=float)
             self.params.append(OPTIMIZER_STATE_FACTOR * (weights[end] - weights[starts] + join_params))
         self._tps = self._k_max = np.zeros((0, 0, 0))
+        self._least_by_count: dict[int, np.ndarray] = {}  # see `_least`
 
     def devices(self, target_ms: float, k_side: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(starts s_0, starts s_1, fewest devices of M per pair or BIG) of the tails that meet the target and
@@ -164,12 +168,18 @@ class MergeTable:
         pair = self.compute[0][:count0, None] + self.compute[1][None, :count1] <= target_ms
         pair &= self.params[0][:count0, None] + self.params[1][None, :count1] <= limit
         pair = np.logical_and.accumulate(pair, axis=1)
-        tps, k_max = self._costs(count0, count1)
-        meets = tps[:, :count0, :count1] <= target_ms
-        meets &= k_max[:, :count0, :count1] >= k_side
-        meets &= pair
-        fewest = fewest_degree(meets, self.tables.degrees, axis=0)
+        fewest = fewest_within(self._least(count0, count1, k_side)[:, :count0, :count1], target_ms, self.tables.degrees)
+        fewest[~pair] = BIG
         return self.starts[0][:count0], self.starts[1][:count1], fewest
+
+    def _least(self, count0: int, count1: int, k_side: int) -> np.ndarray:
+        """`size_tables.least_by_degree` of M's TPS where it holds k_side, per degree and pair; kept per k_side
+        until the table grows."""
+        tps, k_max = self._costs(count0, count1)
+        least = self._least_by_count.get(k_side)
+        if least is None or least.shape != tps.shape:
+            least = self._least_by_count[k_side] = least_by_degree(tps, k_max >= k_side)
+        return least
 
     def _costs(self, count0: int, count1: int) -> tuple[np.ndarray, np.ndarray]:
         """(TPS, most in flight) of M per degree and pair, the segment tables' formulas (`size_tables`)."""
@@ -315,6 +325,40 @@ def needs_after(held: np.ndarray, k_after: int, num_devices: int) -> np.ndarray:
     needs = np.minimum.accumulate(held[:, :, k_after], axis=0).T
     needs[needs > num_devices] = BIG
     return np.ascontiguousarray(needs)
+
+
+class PrefixNeeds:
+    """The need vectors of every prefix of a chain without parallel items, for every k_after (`after`).
+
+    Where each segment within the target has one fewest degree whatever it holds from one micro-batch to every
+    in-flight count (memory never stops a stage that holds one from holding them all, as with a single
+    micro-batch per mini-batch), `prefix_floors` are exact: a stage's devices do not depend on its count, so
+    the least staging of [0, s) in at most v - k stages is the need at v. They cost one column per count
+    instead of `prefix_needs`' square of the counts, which is built otherwise."""
+
+    def __init__(self, held: np.ndarray | None = None, floors: np.ndarray | None = None) -> None:
+        self.held = held
+        self.floors = floors
+
+    @classmethod
+    def of(cls, tables: SizeTables, info: ChainInfo, target_ms: float) -> PrefixNeeds | None:
+        """None where the counts matter and `prefix_needs`' table would exceed EXACT_CELLS."""
+        counts = tables.max_v + 1
+        ends = tables.fewest_degrees(info, target_ms, np.array([1, tables.max_v]))
+        if np.array_equal(ends[0], ends[1]):  # fewest degrees only grow with the count: equal at both ends, all equal
+            return cls(floors=prefix_floors(ends[0], tables.max_v))
+        if counts * counts * (info.num_items + 1) > EXACT_CELLS:
+            return None
+        return cls(held=prefix_needs(tables.fewest_degrees(info, target_ms, np.arange(counts))))
+
+    def after(self, k_after: int, num_devices: int) -> np.ndarray:
+        """Per end s, the need vector of prefix [0, s) followed by k_after in flight."""
+        if self.held is not None:
+            return needs_after(self.held, k_after, num_devices)
+        assert self.floors is not None
+        needs = shifted(self.floors, np.arange(self.floors.shape[0]), k_after)
+        needs[needs > num_devices] = BIG
+        return needs
 
 
 class MergeTables:

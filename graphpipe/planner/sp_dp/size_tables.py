@@ -46,6 +46,31 @@ def fewest_degree(meets: np.ndarray, degrees: tuple[int, ...], axis: int) -> np.
     return np.where(meets.any(axis=axis), np.array(degrees)[meets.argmax(axis=axis)], BIG)
 
 
+def least_by_degree(tps: np.ndarray, usable: np.ndarray) -> np.ndarray:
+    """Per degree d (the first axis, fewest first), the least TPS over the degrees up to d where `usable` (NaN where
+    none is, so that no target, not even inf, is met there): the fewest degree within any target is then read by
+    `fewest_within`."""
+    least = np.where(usable, tps, np.nan)  # a NaN TPS meets no target either, as `tps <= target` says
+    for pos in range(1, len(least)):
+        np.fmin(least[pos - 1], least[pos], out=least[pos])
+    return least
+
+
+def fewest_within(least: np.ndarray, target_ms: float, degrees: tuple[int, ...]) -> np.ndarray:
+    """The fewest degree whose TPS is within `target_ms`, BIG where none is, from `least_by_degree`: the least TPS
+    never grows with the degree, so the degrees within the target are a suffix, and the count of the others is the
+    position of the fewest that meets it, counted from the end (`fewest_degree` on `tps <= target`, without the mask
+    over every degree)."""
+    if len(least) > np.iinfo(np.uint8).max:
+        within = np.count_nonzero(least <= target_ms, axis=0)
+    else:  # summed a degree at a time as bytes: several times faster than counting along the first axis
+        within = (least[0] <= target_ms).view(np.uint8)
+        for plane in least[1:]:
+            within += (plane <= target_ms).view(np.uint8)
+    fewest: np.ndarray = np.array([BIG, *reversed(degrees)], dtype=np.int64)[within]
+    return fewest
+
+
 def divisors_up_to(value: int, limit: int) -> tuple[int, ...]:
     """Data-parallel degrees a stage with micro-batch `value` may use: divisors of it, at most `limit`."""
     return tuple(d for d in range(1, min(value, limit) + 1) if value % d == 0)
@@ -129,6 +154,7 @@ class SizeTables:
         self._joined: dict[tuple[int, int, tuple[str, ...]], list[tuple[int, float, int]]] = {}
         self._runs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._by_count: dict[int, list[list[tuple[int, float, int]]] | None] = {}
+        self._least: dict[tuple[int, int], np.ndarray] = {}  # see `_fewest_holding`
 
     def segment_rows(self, info: ChainInfo, start: int, d1: int,
                      target_ms: float) -> tuple[list[float], list[float], list[int]]:
@@ -224,13 +250,14 @@ class SizeTables:
 
     def segment_costs(self, compute: np.ndarray, messages: np.ndarray, num_bytes: np.ndarray, params: np.ndarray,
                       reduce_ms: Sequence[np.ndarray | float], acts: np.ndarray,
-                      later: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                      later: np.ndarray, degrees: Sequence[int] | None = None
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(TPS, most in flight, fits) of segments, degree x start x stop, from their compute per sample, boundary
         messages and bytes per sample, weights, all-reduce time per degree and activations (`acts`, overwritten),
         with `later` marking the segments that exist (stops along the last axis, from the first on): the table's
-        formulas, elementwise, for the whole table and for a band of it (`band`)."""
+        formulas, elementwise, for the whole table and for a band of it (`band`), on `degrees` (all by default)."""
         b = self.micro_batch_size
-        per_device = np.array([b / d1 for d1 in self.degrees])[:, None, None]
+        per_device = np.array([b / d1 for d1 in (self.degrees if degrees is None else degrees)])[:, None, None]
         comm = p2p_ms_array(self.model.link, messages, num_bytes * per_device)
         tps = time_per_sample_ms_array(compute, comm, reduce_ms, b, self.global_batch_size)
         k_max = max_in_flight_micro_batches_array(params, acts, self.memory_limit, self.num_micro_batches, self.max_v)
@@ -352,8 +379,24 @@ class SizeTables:
         """Per count w of `held` and segment [i, j), the fewest degree on which the segment meets the target and
         holds its weights and w micro-batches in flight (BIG where none does): what a stage of it costs where it
         holds w (`merge_tails.prefix_needs`), or at least w (`merge_tails.prefix_floors`)."""
+        if len(held) == 1:
+            return self._fewest_holding(info, int(held[0]), target_ms)[None]
         _, tps, k_max, fits = self._table(info)
         meets = tps <= target_ms
         meets &= fits
         holds = meets[None] & (k_max[None] >= held[:, None, None, None])
         return fewest_degree(holds, self.degrees, axis=1)
+
+    def _fewest_holding(self, info: ChainInfo, held: int, target_ms: float) -> np.ndarray:
+        """`fewest_degrees` at one count, for any target from one table per (chain, count), built once: per degree
+        d, the least TPS over the degrees up to d that fit and hold `held` (inf: none). It never grows with d, so
+        the degrees still above the target are a prefix, and their number is the fewest degree's position.
+        The floors read a count per probe, each at its own target."""
+        key = (info.content, held)
+        least = self._least.get(key)
+        if least is None:
+            _, tps, k_max, fits = self._table(info)
+            usable = k_max >= held
+            usable &= fits
+            least = self._least[key] = least_by_degree(tps, usable)
+        return fewest_within(least, target_ms, self.degrees)

@@ -104,6 +104,11 @@ def test_the_band_is_the_tables_segments_within_the_target(case: Case) -> None:
                     else:
                         assert int(whole[start, stop]) == BIG, (target, start, stop)  # outside: nothing meets
                 assert (band[start, info.num_items - start:] == BIG).all()  # past the chain's end
+            _, tps, k_max, fits = tables._table(info)
+            for pos, reach in enumerate(widths):  # each degree's band: no segment beyond it meets on that degree
+                beyond = np.triu(np.ones(tps.shape[1:], dtype=bool), reach + 1)
+                meets = (tps[pos] <= target) & fits[pos] & (k_max[pos] >= 1)
+                assert not meets[beyond].any(), (target, tables.degrees[pos], reach)
             floors = prefix_floors(whole, tables.max_v)
             assert (floors_in_band(band, tables.max_v) == floors).all(), target
             assert (chain_floors(tables, info, target) == floors).all(), target

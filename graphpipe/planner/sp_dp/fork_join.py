@@ -102,6 +102,8 @@ class ChainSolver(Protocol):
 
     def chain(self, info: ChainInfo, k_after: int, end: int | None = None) -> ChainSol: ...
 
+    def entry_need(self, info: ChainInfo, k_after: int, end: int | None = None) -> list[int]: ...
+
     def par(self, pinfo: ParInfo, k_after: int) -> ParSol: ...
 
     def emit_chain(self, info: ChainInfo, k_after: int, v: int, out: list[StageSpec], start: int = 0,
@@ -340,7 +342,7 @@ class ForkJoinSolver:
         if needs is not None:
             row: list[int] = needs[lane.end].tolist()
             return row
-        return solver.chain(lane.chain, k_after, lane.end).need[0]
+        return solver.entry_need(lane.chain, k_after, lane.end)
 
     def _needs(self, content: int, k_after: int) -> np.ndarray | None:
         """Per end, the prefix need vectors of the chain `content` given k_after, where its `PrefixNeeds` were

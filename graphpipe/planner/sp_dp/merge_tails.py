@@ -344,9 +344,9 @@ class PrefixNeeds:
     def of(cls, tables: SizeTables, info: ChainInfo, target_ms: float) -> PrefixNeeds | None:
         """None where the counts matter and `prefix_needs`' table would exceed EXACT_CELLS."""
         counts = tables.max_v + 1
-        ends = tables.fewest_degrees(info, target_ms, np.array([1, tables.max_v]))
-        if np.array_equal(ends[0], ends[1]):  # fewest degrees only grow with the count: equal at both ends, all equal
-            return cls(floors=prefix_floors(ends[0], tables.max_v))
+        fewest = tables.fewest_free(info, target_ms)
+        if fewest is not None:
+            return cls(floors=prefix_floors(fewest, tables.max_v))
         if counts * counts * (info.num_items + 1) > EXACT_CELLS:
             return None
         return cls(held=prefix_needs(tables.fewest_degrees(info, target_ms, np.arange(counts))))

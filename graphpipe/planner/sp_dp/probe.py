@@ -45,7 +45,7 @@ import numpy as np
 from graphpipe.graph.sp import SPChain
 from graphpipe.planner.sp_dp.blocks import BIG, MAX_ENUMERATED_BRANCHES
 from graphpipe.planner.sp_dp.fork_join import ForkJoinSolver, ForkLane, Shapes
-from graphpipe.planner.sp_dp.merge_tails import MergeTables
+from graphpipe.planner.sp_dp.merge_tails import MergeTables, prefix_floors, shifted
 from graphpipe.planner.sp_dp.need import (
     BLOCK,
     JOINED,
@@ -67,6 +67,9 @@ from graphpipe.planner.sp_dp.runs import fewest_per_run, solve_runs
 from graphpipe.planner.sp_dp.size_tables import SegmentOffers, SizeTables, dominance_cap
 from graphpipe.planner.sp_dp.tables import BlockKey, ChainInfo, ParInfo
 from graphpipe.planner.stage_spec import StageSpec
+
+FLOOR_ITEMS = 16  # the shortest chain whose entry need comes from its floors (`Probe.entry_need`): below it the
+# DP's few rows cost less than the numpy passes' fixed work (measured: slower at 4-8 items, even at 32, faster past)
 
 
 class ProbeHost(Protocol):
@@ -92,6 +95,8 @@ class Probe:
         self.chain_memo: dict[tuple[int, int, int], ChainSol] = {}  # (chain's content, k_after, end)
         self.par_memo: dict[tuple[int, int, bool], ParSol] = {}  # (parallel block, k_after, prefixes)
         self.joined_memo: dict[tuple[int, tuple[str, ...], int], JoinedSol] = {}  # (parallel block, join ops, k_after)
+        self.floor_memo: dict[int, np.ndarray | None] = {}  # per chain content: its prefix floors (`entry_need`)
+        self.entry_memo: dict[tuple[int, int, int], list[int]] = {}  # (chain's content, k_after, end)
         self.blocks = ForkJoinSolver(self.tables, target_ms, host.shapes, host.merges)
 
     @property
@@ -111,6 +116,37 @@ class Probe:
         if sol is None:
             sol = self.chain_memo[key] = self._solve_chain(info, k_after, end)
         return sol
+
+    def entry_need(self, info: ChainInfo, k_after: int, end: int | None = None) -> list[int]:
+        """The need vector at the entry of a chain inside the tree (a branch, a lane), `chain(...).need[0]`, which is
+        all its parents read. A chain without parallel items whose stages' degrees do not depend on their in-flight
+        counts at this target (`SizeTables.fewest_free`) needs at v what its prefix [0, end) needs staged in at most
+        v - k_after stages, each on its segment's fewest degree: its prefix floors (`merge_tails.prefix_floors`),
+        one numpy pass for every end and k_after instead of the DP's rows; a chain with parallel items, or whose
+        counts matter, is solved. Its stages are rebuilt from `chain` (`emit_chain`) only where a plan found uses
+        it: of a two-branch block's lanes (a tower, the tower with the head), a plan uses one or two. The root
+        chain is always solved (`best_entry`): a plan found is rebuilt from it at once."""
+        end = info.num_items if end is None else end
+        key = (info.content, k_after, end)
+        if info.has_parallel or key in self.chain_memo:
+            return self.chain(info, k_after, end).need[0]
+        need = self.entry_memo.get(key)
+        if need is None:
+            floors = self._floors(info)
+            if floors is None:
+                return self.chain(info, k_after, end).need[0]
+            row = shifted(floors, np.array([end]), k_after)[0]
+            row[row > self.tables.num_devices] = BIG
+            need = self.entry_memo[key] = row.tolist()
+        return need
+
+    def _floors(self, info: ChainInfo) -> np.ndarray | None:
+        """The chain's prefix floors where they are its needs (`SizeTables.fewest_free`) and it has at least
+        FLOOR_ITEMS items, else None; memoised."""
+        if info.content not in self.floor_memo:
+            fewest = None if info.num_items < FLOOR_ITEMS else self.tables.fewest_free(info, self.target)
+            self.floor_memo[info.content] = None if fewest is None else prefix_floors(fewest, self.tables.max_v)
+        return self.floor_memo[info.content]
 
     def _solve_chain(self, info: ChainInfo, k_after: int, end: int) -> ChainSol:
         """Suffix need vectors from `end` back to item 0. Rows past `end` stay infeasible, so no segment,
@@ -259,7 +295,7 @@ class Probe:
             for group in pinfo.groups_of(mask):
                 rest = need[mask ^ group]
                 if group & (group - 1) == 0:  # one branch, staged as its chain
-                    vec = self.chain(pinfo.branch_infos[group.bit_length() - 1], k_after).need[0]
+                    vec = self.entry_need(pinfo.branch_infos[group.bit_length() - 1], k_after)
                     for v in cells:
                         cost = vec[v] + rest[v]
                         if cost < row[v]:
@@ -289,7 +325,7 @@ class Probe:
         (`pick`): the first group of the loop's order (`ParInfo.groups_of`) that meets the cell's value."""
         t = self.tables
         max_v, count = t.max_v, len(pinfo.branch_infos)
-        vec = self.chain(pinfo.branch_infos[0], k_after).need[0]
+        vec = self.entry_need(pinfo.branch_infos[0], k_after)
         merged = [BIG, BIG] + [self._fewest(by_count[size], k_after + 1) for size in range(2, count + 1)]
         cells = range(k_after + 1, max_v + 1)
         by_size = [base]
@@ -326,7 +362,7 @@ class Probe:
         t = self.tables
         tps, k_max = t.run_options(pinfo)
         fewest = fewest_per_run(tps, k_max, t.degrees, self.target, k_after + 1, cut_after_first_miss=not prefixes)
-        chains = np.array([self.chain(info, k_after).need[0] for info in pinfo.branch_infos], dtype=np.int64)
+        chains = np.array([self.entry_need(info, k_after) for info in pinfo.branch_infos], dtype=np.int64)
         sol = solve_runs(fewest, chains, base, k_after, t.num_devices, prefixes)
         return ParSol(need=sol.need(), choice={}, full=(1 << len(chains)) - 1, pick=sol.pick)
 
@@ -378,7 +414,7 @@ class Probe:
         """Fewest micro-batches in flight at the entry of the search's tree (`tree`, if given, must be it)
         among the plans within the target; None: no plan."""
         root = self._root(tree)
-        need = self.chain(root, 0).need[0]
+        need = self.chain(root, 0).need[0]  # solved: a plan found is rebuilt from it at once
         for v in range(1, self.tables.max_v + 1):
             if need[v] <= self.tables.num_devices:
                 return v

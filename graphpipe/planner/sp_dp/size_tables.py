@@ -387,6 +387,15 @@ class SizeTables:
         holds = meets[None] & (k_max[None] >= held[:, None, None, None])
         return fewest_degree(holds, self.degrees, axis=1)
 
+    def fewest_free(self, info: ChainInfo, target_ms: float) -> np.ndarray | None:
+        """The fewest degree of every segment at one micro-batch in flight (`fewest_degrees`), where it is also the
+        fewest at every count the DP asks for (`max_v`), else None: then no stage's degree depends on its
+        in-flight count at this target, and the chain's need vectors are its prefix floors
+        (`merge_tails.prefix_floors`, `Probe.entry_need`, `merge_tails.PrefixNeeds`). Fewest degrees only grow
+        with the count, so equal at both ends they are equal at every count between."""
+        one = self._fewest_holding(info, 1, target_ms)
+        return one if np.array_equal(one, self._fewest_holding(info, self.max_v, target_ms)) else None
+
     def _fewest_holding(self, info: ChainInfo, held: int, target_ms: float) -> np.ndarray:
         """`fewest_degrees` at one count, for any target from one table per (chain, count), built once: per degree
         d, the least TPS over the degrees up to d that fit and hold `held` (inf: none). It never grows with d, so

@@ -1,0 +1,42 @@
+"""A probe's entry needs (`sp_dp.probe.Probe.entry_need`): read from a chain's prefix floors where no stage's degree
+depends on its in-flight count, solved otherwise, they are the chain DP's own need vectors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from graphpipe.planner.api import make_request
+from graphpipe.planner.sp_dp import Probe, Search, build_tables, probe
+from tests.planner.random_sp_graphs import Case, cases
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=cases())
+def test_entry_needs_are_the_chain_dps_needs(case: Case) -> None:
+    """On every chain of the tree, every k_after and every end, with and without a binding memory limit and at
+    targets from none to tight: `entry_need` equals `chain(...).need[0]` of a fresh probe; with no limit, the
+    floors answer for every chain without parallel items."""
+    floors_used = 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(probe, "FLOOR_ITEMS", 1)  # every chain long enough, so that the floors are checked on all
+        for limit in (1e18, case.cluster.device.memory_bytes * 0.05):
+            request = make_request(case.graph, case.costs, case.cluster, case.global_batch_size,
+                                   micro_batch_sizes=[case.micro_batch_size], memory_limit=limit)
+            chains, pars = build_tables(request.model, request.sp_tree)
+            search = Search(request.model, request.sp_tree, request.num_devices, case.micro_batch_size, limit,
+                            chains, pars)
+            for target in (math.inf, 1.0, 0.05):
+                read, solved = Probe(search, target), Probe(search, target)
+                for info in chains:
+                    for k_after in range(search.tables.max_v + 1):
+                        for end in range(info.num_items + 1):
+                            need = read.entry_need(info, k_after, end)
+                            assert need == solved.chain(info, k_after, end).need[0], (target, k_after, end)
+                    if not info.has_parallel and info.num_items and read.floor_memo.get(info.content) is not None:
+                        floors_used += 1
+                    if limit == 1e18 and not info.has_parallel and info.num_items:
+                        assert read.floor_memo.get(info.content) is not None
+    assert floors_used

@@ -20,7 +20,7 @@ import numpy as np
 from graphpipe.cost.formulas.communication import ring_all_reduce_ms_array
 from graphpipe.planner.sp_dp.blocks import BIG
 from graphpipe.planner.sp_dp.merge_tails import block_steps, held_floors
-from graphpipe.planner.sp_dp.size_tables import SizeTables
+from graphpipe.planner.sp_dp.size_tables import SizeTables, fewest_degree
 from graphpipe.planner.sp_dp.tables import ChainInfo
 from graphpipe.planner.stage_cost import all_reduce_link
 
@@ -58,28 +58,39 @@ def chain_floors(tables: SizeTables, info: ChainInfo, target_ms: float) -> np.nd
 def fewest_in_band(tables: SizeTables, info: ChainInfo, target_ms: float, widths: list[int]) -> np.ndarray:
     """fewest[i, w]: the fewest degree on which segment [i, i + 1 + w) meets `target_ms` and holds its weights
     and one micro-batch, BIG where none does or past the chain's end: `SizeTables.fewest_degrees` at one
-    micro-batch in flight, each degree on its own band (`band_widths`), widest degree first so that a smaller
-    one that also meets overwrites it."""
+    micro-batch in flight, on the degrees' bands (`band_widths`, grouped by `_band_groups`), the widest group
+    first so that a smaller degree that also meets overwrites it."""
     size, b = info.num_items + 1, tables.micro_batch_size
     fewest = np.full((size, max(widths)), BIG, dtype=np.int64)
     messages, num_bytes = info.boundary_matrix()
-    for d1, width in reversed(list(zip(tables.degrees, widths))):
+    for degrees, width in reversed(_band_groups(tables.degrees, widths)):
         starts = np.arange(size)[:, None]
         stops = starts + 1 + np.arange(width)[None, :]
         inside = stops < size
         np.minimum(stops, size - 1, out=stops)
         params = info.param_array[stops] - info.param_array[starts]  # `ChainConstants`' numbers, on the band only
-        times, acts = info.prefix_arrays(b / d1)
-        compute = (times[stops] - times[starts])[None]
+        prefixes = [info.prefix_arrays(b / d1) for d1 in degrees]
+        compute = np.stack([times[stops] - times[starts] for times, _ in prefixes])
         compute /= b
-        reduce_ms = ring_all_reduce_ms_array(all_reduce_link(tables.model.cluster, d1), params, d1)
+        reduce_ms = [ring_all_reduce_ms_array(all_reduce_link(tables.model.cluster, d1), params, d1) for d1 in degrees]
+        acts = np.stack([acts[stops] - acts[starts] for _, acts in prefixes])
         tps, k_max, fits = tables.segment_costs(compute, messages[starts, stops], num_bytes[starts, stops], params,
-                                                [reduce_ms], (acts[stops] - acts[starts])[None], inside, (d1,))
-        meets = tps[0] <= target_ms
-        meets &= fits[0]
-        meets &= k_max[0] >= 1
-        fewest[:, :width][meets] = d1
+                                                reduce_ms, acts, inside, degrees)
+        meets = tps <= target_ms
+        meets &= fits
+        meets &= k_max >= 1
+        found = fewest_degree(meets, degrees, axis=0)
+        np.copyto(fewest[:, :width], found, where=found < BIG)
     return fewest
+
+
+def _band_groups(degrees: tuple[int, ...], widths: list[int]) -> list[tuple[tuple[int, ...], int]]:
+    """The degrees evaluated together and their common width: each on its own band where that saves at least half
+    the cells of one band of the widest for all, else all on that one (on a short chain a pass per degree costs
+    more in numpy's fixed work than the cells it saves)."""
+    if 2 * sum(widths) > len(widths) * max(widths):
+        return [(degrees, max(widths))]
+    return [((d1,), width) for d1, width in zip(degrees, widths)]
 
 
 def floors_in_band(fewest: np.ndarray, max_v: int) -> np.ndarray:

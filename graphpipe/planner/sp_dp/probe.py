@@ -69,7 +69,7 @@ from graphpipe.planner.sp_dp.tables import BlockKey, ChainInfo, ParInfo
 from graphpipe.planner.stage_spec import StageSpec
 
 FLOOR_ITEMS = 16  # the shortest chain whose entry need comes from its floors (`Probe.entry_need`): below it the
-# DP's few rows cost less than the numpy passes' fixed work (measured: slower at 4-8 items, even at 32, faster past)
+# DP's few rows cost less than the numpy passes' fixed work (measured: slower at 4-8 items, break-even at 16-32)
 
 
 class ProbeHost(Protocol):

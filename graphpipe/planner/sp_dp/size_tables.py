@@ -397,10 +397,9 @@ class SizeTables:
         return one if np.array_equal(one, self._fewest_holding(info, self.max_v, target_ms)) else None
 
     def _fewest_holding(self, info: ChainInfo, held: int, target_ms: float) -> np.ndarray:
-        """`fewest_degrees` at one count, for any target from one table per (chain, count), built once: per degree
-        d, the least TPS over the degrees up to d that fit and hold `held` (inf: none). It never grows with d, so
-        the degrees still above the target are a prefix, and their number is the fewest degree's position.
-        The floors read a count per probe, each at its own target."""
+        """`fewest_degrees` at one count, for any target, from one table per (chain, count) built once: per degree
+        d, the least TPS over the degrees up to d that fit and hold `held` (`least_by_degree`, read by
+        `fewest_within`). The floors read a count per probe, each at its own target."""
         key = (info.content, held)
         least = self._least.get(key)
         if least is None:

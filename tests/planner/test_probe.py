@@ -35,8 +35,8 @@ def test_entry_needs_are_the_chain_dps_needs(case: Case) -> None:
                         for end in range(info.num_items + 1):
                             need = read.entry_need(info, k_after, end)
                             assert need == solved.chain(info, k_after, end).need[0], (target, k_after, end)
-                    if not info.has_parallel and info.num_items and read.floor_memo.get(info.content) is not None:
+                    if not info.has_parallel and info.num_items and read.blocks.free_memo.get(info.content) is not None:
                         floors_used += 1
                     if limit == 1e18 and not info.has_parallel and info.num_items:
-                        assert read.floor_memo.get(info.content) is not None
+                        assert read.blocks.free_memo.get(info.content) is not None
     assert floors_used

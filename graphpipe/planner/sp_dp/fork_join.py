@@ -76,6 +76,7 @@ from graphpipe.planner.sp_dp.merge_tails import (
     Step,
     block_steps,
     held_floors,
+    prefix_floors,
     shifted,
 )
 from graphpipe.planner.sp_dp.need import (
@@ -281,6 +282,7 @@ class ForkJoinSolver:
         self.shapes = shapes
         self.merges = merges
         self.floor_memo: dict[tuple[int, int], np.ndarray] = {}  # per chain content and k_after (`_lane_floors`)
+        self.free_memo: dict[int, np.ndarray | None] = {}  # per chain content (`free_floors`)
         self.held_memo: dict[int, PrefixNeeds | None] = {}  # per chain content (`_lane_needs`)
         self.needs_memo: dict[tuple[int, int], np.ndarray] = {}  # per chain content and k_after (`_needs`)
         self.steps_memo: dict[int, dict[int, list[Step]]] = {}  # per chain content, `merge_tails.block_steps`
@@ -480,13 +482,27 @@ class ForkJoinSolver:
 
     def _floors(self, chain: ChainInfo, k_after: int) -> np.ndarray:
         """`merge_tails.prefix_floors` of the chain followed by k_after in flight (each of its stages holds at
-        least k_after + 1), its parallel items and blocks stepped over as `merge_tails.block_steps`."""
+        least k_after + 1), its parallel items and blocks stepped over as `merge_tails.block_steps`; where no
+        stage's degree depends on its count, the count-free floors the probe's entry needs read too."""
         steps = None
         if chain.has_parallel:  # the same for every k_after
             steps = self.steps_memo.get(chain.content)
             if steps is None:
                 steps = self.steps_memo[chain.content] = block_steps(self.tables, chain, self.target)
+        elif k_after < self.tables.max_v:  # k_after + 1 is a count the DP asks for
+            free = self.free_floors(chain)
+            if free is not None:
+                return free
         return held_floors(self.tables, chain, self.target, k_after + 1, steps)
+
+    def free_floors(self, chain: ChainInfo) -> np.ndarray | None:
+        """The prefix floors of a chain without parallel items whose segments' fewest degrees do not depend on the
+        count they hold at this target (`SizeTables.fewest_free`), at any count; None where they do. Memoised per
+        chain: the merge stages' lane floors and the probe's entry needs (`Probe.entry_need`) read the same."""
+        if chain.content not in self.free_memo:
+            fewest = self.tables.fewest_free(chain, self.target)
+            self.free_memo[chain.content] = None if fewest is None else prefix_floors(fewest, self.tables.max_v)
+        return self.free_memo[chain.content]
 
     # ---- the fork's stage --------------------------------------------------------------------
     def _fork_stage(self, solver: ChainSolver, layout: Layout, shape: _Shape, k_lane: int, side: list[int],

@@ -45,7 +45,7 @@ import numpy as np
 from graphpipe.graph.sp import SPChain
 from graphpipe.planner.sp_dp.blocks import BIG, MAX_ENUMERATED_BRANCHES
 from graphpipe.planner.sp_dp.fork_join import ForkJoinSolver, ForkLane, Shapes
-from graphpipe.planner.sp_dp.merge_tails import MergeTables, prefix_floors, shifted
+from graphpipe.planner.sp_dp.merge_tails import MergeTables, shifted
 from graphpipe.planner.sp_dp.need import (
     BLOCK,
     JOINED,
@@ -95,7 +95,6 @@ class Probe:
         self.chain_memo: dict[tuple[int, int, int], ChainSol] = {}  # (chain's content, k_after, end)
         self.par_memo: dict[tuple[int, int, bool], ParSol] = {}  # (parallel block, k_after, prefixes)
         self.joined_memo: dict[tuple[int, tuple[str, ...], int], JoinedSol] = {}  # (parallel block, join ops, k_after)
-        self.floor_memo: dict[int, np.ndarray | None] = {}  # per chain content: its prefix floors (`entry_need`)
         self.entry_memo: dict[tuple[int, int, int], list[int]] = {}  # (chain's content, k_after, end)
         self.blocks = ForkJoinSolver(self.tables, target_ms, host.shapes, host.merges)
 
@@ -141,12 +140,9 @@ class Probe:
         return need
 
     def _floors(self, info: ChainInfo) -> np.ndarray | None:
-        """The chain's prefix floors where they are its needs (`SizeTables.fewest_free`) and it has at least
-        FLOOR_ITEMS items, else None; memoised."""
-        if info.content not in self.floor_memo:
-            fewest = None if info.num_items < FLOOR_ITEMS else self.tables.fewest_free(info, self.target)
-            self.floor_memo[info.content] = None if fewest is None else prefix_floors(fewest, self.tables.max_v)
-        return self.floor_memo[info.content]
+        """The chain's prefix floors where they are its needs (`ForkJoinSolver.free_floors`) and it has at least
+        FLOOR_ITEMS items, else None."""
+        return None if info.num_items < FLOOR_ITEMS else self.blocks.free_floors(info)
 
     def _solve_chain(self, info: ChainInfo, k_after: int, end: int) -> ChainSol:
         """Suffix need vectors from `end` back to item 0. Rows past `end` stay infeasible, so no segment,

@@ -1,5 +1,6 @@
 """A probe's entry needs (`sp_dp.probe.Probe.entry_need`): read from a chain's prefix floors where no stage's degree
-depends on its in-flight count, solved otherwise, they are the chain DP's own need vectors."""
+depends on its in-flight count, solved otherwise, they are the chain DP's own need vectors, and the plans are the
+same whichever way they are read."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from graphpipe.planner.api import make_request
-from graphpipe.planner.sp_dp import Probe, Search, build_tables, probe
+from graphpipe.planner.sp_dp import Probe, Search, build_tables, partition_sp, probe
 from tests.planner.random_sp_graphs import Case, cases
 
 
@@ -40,3 +41,20 @@ def test_entry_needs_are_the_chain_dps_needs(case: Case) -> None:
                     if limit == 1e18 and not info.has_parallel and info.num_items:
                         assert read.blocks.free_memo.get(info.content) is not None
     assert floors_used
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=cases())
+def test_reading_entry_needs_off_the_floors_changes_no_plan(case: Case) -> None:
+    """Every size's plans of the SP search are the same with the floors read for every chain and for none, with
+    and without a binding memory limit."""
+    for limit in (1e18, case.cluster.device.memory_bytes * 0.05):
+        found = []
+        for shortest in (1, 1 << 30):
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(probe, "FLOOR_ITEMS", shortest)
+                request = make_request(case.graph, case.costs, case.cluster, case.global_batch_size,
+                                       micro_batch_sizes=[case.micro_batch_size], memory_limit=limit)
+                found.append(partition_sp(request.model, request.sp_tree, request.num_devices,
+                                          request.micro_batch_sizes, limit, every_size=True))
+        assert found[0] == found[1]

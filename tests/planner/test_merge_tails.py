@@ -93,7 +93,7 @@ def test_prefix_floors_bound_the_need_and_equal_it_without_a_memory_limit(case: 
             probe = _probe(request, target)
             for info in _leaf_chains(probe):
                 held = prefix_needs(probe.tables.fewest_degrees(info, target, np.arange(probe.tables.max_v + 1)))
-                needs = PrefixNeeds.of(probe.tables, info, target)
+                needs = PrefixNeeds.of(probe.tables, info, target, probe.blocks.free_floors(info))
                 assert needs is not None
                 if equal:  # no limit: no stage's count depends on memory, so the floors are the needs
                     assert needs.floors is not None

@@ -466,7 +466,7 @@ class ForkJoinSolver:
         if chain.has_parallel:
             return None
         if chain.content not in self.held_memo:
-            self.held_memo[chain.content] = PrefixNeeds.of(self.tables, chain, self.target)
+            self.held_memo[chain.content] = PrefixNeeds.of(self.tables, chain, self.target, self.free_floors(chain))
         needs = self._needs(chain.content, k_side)
         return None if needs is None else np.asarray(needs[starts])
 

@@ -174,10 +174,10 @@ class MergeTable:
 
     def _least(self, count0: int, count1: int, k_side: int) -> np.ndarray:
         """`size_tables.least_by_degree` of M's TPS where it holds k_side, per degree and pair; kept per k_side
-        until the table grows."""
+        until the table grows (`_costs`)."""
         tps, k_max = self._costs(count0, count1)
         least = self._least_by_count.get(k_side)
-        if least is None or least.shape != tps.shape:
+        if least is None:
             least = self._least_by_count[k_side] = least_by_degree(tps, k_max >= k_side)
         return least
 
@@ -186,6 +186,7 @@ class MergeTable:
         if self._tps.shape[1] < count0 or self._tps.shape[2] < count1:
             count0, count1 = max(count0, self._tps.shape[1]), max(count1, self._tps.shape[2])
             self._tps, self._k_max = self._build(count0, count1)
+            self._least_by_count.clear()
         return self._tps, self._k_max
 
     def _build(self, count0: int, count1: int) -> tuple[np.ndarray, np.ndarray]:
@@ -341,12 +342,13 @@ class PrefixNeeds:
         self.floors = floors
 
     @classmethod
-    def of(cls, tables: SizeTables, info: ChainInfo, target_ms: float) -> PrefixNeeds | None:
-        """None where the counts matter and `prefix_needs`' table would exceed EXACT_CELLS."""
+    def of(cls, tables: SizeTables, info: ChainInfo, target_ms: float,
+           free_floors: np.ndarray | None) -> PrefixNeeds | None:
+        """From the chain's count-free floors where it has them (`ForkJoinSolver.free_floors`, None where the counts
+        matter), else from `prefix_needs`; None where that table would exceed EXACT_CELLS."""
+        if free_floors is not None:
+            return cls(floors=free_floors)
         counts = tables.max_v + 1
-        fewest = tables.fewest_free(info, target_ms)
-        if fewest is not None:
-            return cls(floors=prefix_floors(fewest, tables.max_v))
         if counts * counts * (info.num_items + 1) > EXACT_CELLS:
             return None
         return cls(held=prefix_needs(tables.fewest_degrees(info, target_ms, np.arange(counts))))
@@ -356,9 +358,15 @@ class PrefixNeeds:
         if self.held is not None:
             return needs_after(self.held, k_after, num_devices)
         assert self.floors is not None
-        needs = shifted(self.floors, np.arange(self.floors.shape[0]), k_after)
-        needs[needs > num_devices] = BIG
-        return needs
+        return floor_needs(self.floors, np.arange(self.floors.shape[0]), k_after, num_devices)
+
+
+def floor_needs(floors: np.ndarray, ends: np.ndarray, k_after: int, num_devices: int) -> np.ndarray:
+    """Per end, the need vector of prefix [0, end) followed by k_after in flight, from count-free floors (which
+    are then the needs, `PrefixNeeds`): the floor at v - k_after, infeasible above the devices."""
+    needs = shifted(floors, ends, k_after)
+    needs[needs > num_devices] = BIG
+    return needs
 
 
 class MergeTables:

@@ -45,7 +45,7 @@ import numpy as np
 from graphpipe.graph.sp import SPChain
 from graphpipe.planner.sp_dp.blocks import BIG, MAX_ENUMERATED_BRANCHES
 from graphpipe.planner.sp_dp.fork_join import ForkJoinSolver, ForkLane, Shapes
-from graphpipe.planner.sp_dp.merge_tails import MergeTables, shifted
+from graphpipe.planner.sp_dp.merge_tails import MergeTables, floor_needs
 from graphpipe.planner.sp_dp.need import (
     BLOCK,
     JOINED,
@@ -134,8 +134,7 @@ class Probe:
             floors = self._floors(info)
             if floors is None:
                 return self.chain(info, k_after, end).need[0]
-            row = shifted(floors, np.array([end]), k_after)[0]
-            row[row > self.tables.num_devices] = BIG
+            row = floor_needs(floors, np.array([end]), k_after, self.tables.num_devices)[0]
             need = self.entry_memo[key] = row.tolist()
         return need
 

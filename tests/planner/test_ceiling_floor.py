@@ -7,6 +7,7 @@ floors are `merge_tails.prefix_floors`' of the whole table."""
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -16,8 +17,15 @@ from graphpipe.cost.formulas.memory import static_memory_bytes
 from graphpipe.planner.api import make_request
 from graphpipe.planner.graphpipe_planner import chain_ceiling
 from graphpipe.planner.request import PlanRequest
-from graphpipe.planner.sp_dp import Search, build_tables, partition_sp
-from graphpipe.planner.sp_dp.band import band_widths, chain_floors, fewest_in_band, floors_in_band
+from graphpipe.planner.sp_dp import Search, band, build_tables, partition_sp
+from graphpipe.planner.sp_dp.band import (
+    PASS_CELLS,
+    _band_groups,
+    band_widths,
+    chain_floors,
+    fewest_in_band,
+    floors_in_band,
+)
 from graphpipe.planner.sp_dp.blocks import BIG
 from graphpipe.planner.sp_dp.merge_tails import prefix_floors
 from graphpipe.planner.stage_spec import StageSpec
@@ -112,3 +120,48 @@ def test_the_band_is_the_tables_segments_within_the_target(case: Case) -> None:
             floors = prefix_floors(whole, tables.max_v)
             assert (floors_in_band(band, tables.max_v) == floors).all(), target
             assert (chain_floors(tables, info, target) == floors).all(), target
+
+
+def _all_runs(count: int) -> list[list[tuple[int, int]]]:
+    """Every split of `count` positions into runs of consecutive ones, as (start, stop) pairs."""
+    if count == 0:
+        return [[]]
+    return [[*head, (start, count)] for start in range(count) for head in _all_runs(start)]
+
+
+@pytest.mark.parametrize("widths,size", [([5], 38), ([6, 7, 10, 15, 22, 30], 38), ([6, 8, 11, 16, 27, 37], 38),
+                                         ([43, 80, 147, 263, 437, 655], 262), ([8, 12, 19, 32, 51, 69], 70),
+                                         ([3, 3, 40, 41], 100)])
+def test_band_groups_are_runs_of_degrees_at_the_least_cost(widths: list[int], size: int) -> None:
+    """`_band_groups` splits the degrees into runs, each at its widest width, at the least cost by its own cost
+    model (a pass's fixed cells plus its cells), checked against every split."""
+    degrees = tuple(2**pos for pos in range(len(widths)))
+    groups = _band_groups(degrees, widths, size)
+    assert [d1 for run, _ in groups for d1 in run] == list(degrees)
+
+    def cost(runs: list[tuple[int, int]]) -> int:
+        return sum(PASS_CELLS + (stop - start) * size * max(widths[start:stop]) for start, stop in runs)
+
+    starts = [degrees.index(run[0]) for run, _ in groups]
+    chosen = list(zip(starts, [*starts[1:], len(degrees)]))
+    assert [width for _, width in groups] == [max(widths[start:stop]) for start, stop in chosen]
+    assert cost(chosen) == min(cost(runs) for runs in _all_runs(len(widths)))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=cases())
+def test_the_band_is_the_same_however_the_degrees_are_grouped(case: Case) -> None:
+    """`fewest_in_band` gives the same fewest degrees with one pass for all degrees and with a pass per degree."""
+    request = _request(case, case.cluster.device.memory_bytes)
+    chains, pars = build_tables(request.model, request.chain_tree)
+    search = Search(request.model, request.chain_tree, request.num_devices, case.micro_batch_size,
+                    request.memory_limit, chains, pars)
+    tables, info = search.tables, search.root
+    lone = search.lower_bound_ms()
+    for target in (math.inf, lone * 4, lone * 1.5, lone):
+        widths = band_widths(tables, info, target)
+        found = []
+        for grouping in (lambda d, w, n: [(d, max(w))], lambda d, w, n: [((d1,), x) for d1, x in zip(d, w)]):
+            with mock.patch.object(band, "_band_groups", grouping):
+                found.append(fewest_in_band(tables, info, target, widths))
+        assert (found[0] == found[1]).all(), target

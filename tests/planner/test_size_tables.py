@@ -51,3 +51,29 @@ def test_one_count_reads_the_same_fewest_degrees_as_many(case: Case) -> None:
                 for row, held in enumerate(counts.tolist()):
                     one = tables.fewest_degrees(info, target, np.array([held]))[0]
                     assert one.tolist() == several[row].tolist(), (target, held)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=cases())
+def test_fewest_free_is_the_fewest_degrees_where_no_count_changes_them(case: Case) -> None:
+    """`SizeTables.fewest_free` is the fewest degrees at one micro-batch where they equal those at `max_v`, else
+    None, by that definition, whether it skips the comparison (memory never binds: every segment holds every count)
+    or not; with no limit it always skips it."""
+    for limit in (1e18, case.cluster.device.memory_bytes * 0.05):
+        request = make_request(case.graph, case.costs, case.cluster, case.global_batch_size,
+                               micro_batch_sizes=[case.micro_batch_size], memory_limit=limit)
+        chains, pars = build_tables(request.model, request.sp_tree)
+        tables = Search(request.model, request.sp_tree, request.num_devices, case.micro_batch_size, limit,
+                        chains, pars).tables
+        for info in chains:
+            if not info.num_items:
+                continue
+            if limit == 1e18:
+                assert tables._holds_every_count(info)
+            for target in (math.inf, 1.0, 0.1, 0.01):
+                one, most = (tables.fewest_degrees(info, target, np.array([held]))[0] for held in (1, tables.max_v))
+                free = tables.fewest_free(info, target)
+                if np.array_equal(one, most):
+                    assert free is not None and free.tolist() == one.tolist(), target
+                else:
+                    assert free is None, target

@@ -15,6 +15,8 @@ devices, building the whole table of every micro-batch size was most of its time
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from graphpipe.cost.formulas.communication import ring_all_reduce_ms_array
@@ -26,6 +28,7 @@ from graphpipe.planner.stage_cost import all_reduce_link
 
 MARGIN = 1e-6  # relative, on the band's edge: a segment the rounding might let in is kept and evaluated
 NARROW = 0.5  # the largest band, as a share of the segment table's cells, read as a band (`chain_floors`)
+PASS_CELLS = 4000  # numpy's fixed work in one pass of `fewest_in_band`, in cells (measured: about 50 us a pass)
 
 
 def band_widths(tables: SizeTables, info: ChainInfo, target_ms: float) -> list[int]:
@@ -63,7 +66,7 @@ def fewest_in_band(tables: SizeTables, info: ChainInfo, target_ms: float, widths
     size, b = info.num_items + 1, tables.micro_batch_size
     fewest = np.full((size, max(widths)), BIG, dtype=np.int64)
     messages, num_bytes = info.boundary_matrix()
-    for degrees, width in reversed(_band_groups(tables.degrees, widths)):
+    for degrees, width in reversed(_band_groups(tables.degrees, widths, size)):
         starts = np.arange(size)[:, None]
         stops = starts + 1 + np.arange(width)[None, :]
         inside = stops < size
@@ -84,13 +87,24 @@ def fewest_in_band(tables: SizeTables, info: ChainInfo, target_ms: float, widths
     return fewest
 
 
-def _band_groups(degrees: tuple[int, ...], widths: list[int]) -> list[tuple[tuple[int, ...], int]]:
-    """The degrees evaluated together and their common width: each on its own band where that saves at least half
-    the cells of one band of the widest for all, else all on that one (on a short chain a pass per degree costs
-    more in numpy's fixed work than the cells it saves)."""
-    if 2 * sum(widths) > len(widths) * max(widths):
-        return [(degrees, max(widths))]
-    return [((d1,), width) for d1, width in zip(degrees, widths)]
+def _band_groups(degrees: tuple[int, ...], widths: list[int], size: int) -> list[tuple[tuple[int, ...], int]]:
+    """The degrees evaluated together and their common width (the widest of theirs): runs of consecutive degrees,
+    chosen to cost the least, each pass costing PASS_CELLS cells of numpy's fixed work plus its cells (degrees x
+    starts x width). On a short chain one band of the widest for all wins; on a long one with a tight target,
+    a band per degree."""
+    count = len(degrees)
+    best: list[tuple[float, int]] = [(0.0, 0)] + [(math.inf, 0)] * count  # per prefix of the degrees: cost, cut
+    for stop in range(1, count + 1):
+        for start in range(stop):
+            cost = best[start][0] + PASS_CELLS + (stop - start) * size * max(widths[start:stop])
+            if cost < best[stop][0]:
+                best[stop] = (cost, start)
+    groups, stop = [], count
+    while stop:
+        start = best[stop][1]
+        groups.append((degrees[start:stop], max(widths[start:stop])))
+        stop = start
+    return groups[::-1]
 
 
 def floors_in_band(fewest: np.ndarray, max_v: int) -> np.ndarray:

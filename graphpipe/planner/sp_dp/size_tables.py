@@ -155,6 +155,7 @@ class SizeTables:
         self._runs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._by_count: dict[int, list[list[tuple[int, float, int]]] | None] = {}
         self._least: dict[tuple[int, int], np.ndarray] = {}  # see `_fewest_holding`
+        self._count_free: dict[int, bool] = {}  # see `fewest_free`
 
     def segment_rows(self, info: ChainInfo, start: int, d1: int,
                      target_ms: float) -> tuple[list[float], list[float], list[int]]:
@@ -392,9 +393,22 @@ class SizeTables:
         fewest at every count the DP asks for (`max_v`), else None: then no stage's degree depends on its
         in-flight count at this target, and the chain's need vectors are its prefix floors
         (`merge_tails.prefix_floors`, `Probe.entry_need`, `merge_tails.PrefixNeeds`). Fewest degrees only grow
-        with the count, so equal at both ends they are equal at every count between."""
+        with the count, so equal at both ends they are equal at every count between. Where every segment that holds
+        one micro-batch holds `max_v` (memory does not bind), that is so at every target, and the test is skipped."""
         one = self._fewest_holding(info, 1, target_ms)
+        if self._holds_every_count(info):
+            return one
         return one if np.array_equal(one, self._fewest_holding(info, self.max_v, target_ms)) else None
+
+    def _holds_every_count(self, info: ChainInfo) -> bool:
+        """Every segment on every degree that fits and holds one micro-batch holds `max_v` (cached per chain): then
+        its fewest degrees are the same at every count and target."""
+        free = self._count_free.get(info.content)
+        if free is None:
+            _, _, k_max, fits = self._table(info)
+            usable = fits & (k_max >= 1)
+            free = self._count_free[info.content] = bool(np.array_equal(usable, usable & (k_max >= self.max_v)))
+        return free
 
     def _fewest_holding(self, info: ChainInfo, held: int, target_ms: float) -> np.ndarray:
         """`fewest_degrees` at one count, for any target, from one table per (chain, count) built once: per degree

@@ -1,6 +1,7 @@
 """A probe's entry needs (`sp_dp.probe.Probe.entry_need`): read from a chain's prefix floors where no stage's degree
-depends on its in-flight count, solved otherwise, they are the chain DP's own need vectors, and the plans are the
-same whichever way they are read."""
+depends on its in-flight count, solved otherwise, they are the chain DP's own need vectors; the stages rebuilt from
+its suffix floors there (`Probe._emit_from_floors`) are the DP's own choices; and the plans are the same whichever
+way they are read."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 
 from graphpipe.planner.api import make_request
 from graphpipe.planner.sp_dp import Probe, Search, build_tables, partition_sp, probe
+from graphpipe.planner.stage_spec import StageSpec
 from tests.planner.random_sp_graphs import Case, cases
 
 
@@ -46,15 +48,54 @@ def test_entry_needs_are_the_chain_dps_needs(case: Case) -> None:
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(case=cases())
 def test_reading_entry_needs_off_the_floors_changes_no_plan(case: Case) -> None:
-    """Every size's plans of the SP search are the same with the floors read for every chain and for none, with
-    and without a binding memory limit."""
+    """Every size's plans of the SP search are the same with the floors read (entry needs and stages) for every
+    chain and for none, with and without a binding memory limit."""
     for limit in (1e18, case.cluster.device.memory_bytes * 0.05):
         found = []
         for shortest in (1, 1 << 30):
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr(probe, "FLOOR_ITEMS", shortest)
+                patch.setattr(probe, "REBUILD_ITEMS", shortest)
                 request = make_request(case.graph, case.costs, case.cluster, case.global_batch_size,
                                        micro_batch_sizes=[case.micro_batch_size], memory_limit=limit)
                 found.append(partition_sp(request.model, request.sp_tree, request.num_devices,
                                           request.micro_batch_sizes, limit, every_size=True))
         assert found[0] == found[1]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=cases())
+def test_stages_rebuilt_from_the_floors_are_the_dps(case: Case) -> None:
+    """On every chain without parallel items, every k_after, end and feasible entry count, at targets from none to
+    tight, with and without a binding memory limit: the stages `_emit_from_floors` rebuilds from the suffix floors
+    are those the DP's rows choose (`emit_chain` of a probe that solved the chain); where it declines (the counts
+    matter, only under a limit) it emits nothing."""
+    rebuilt = 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(probe, "FLOOR_ITEMS", 1)
+        patch.setattr(probe, "REBUILD_ITEMS", 1)
+        for limit in (1e18, case.cluster.device.memory_bytes * 0.05):
+            request = make_request(case.graph, case.costs, case.cluster, case.global_batch_size,
+                                   micro_batch_sizes=[case.micro_batch_size], memory_limit=limit)
+            chains, pars = build_tables(request.model, request.sp_tree)
+            search = Search(request.model, request.sp_tree, request.num_devices, case.micro_batch_size, limit,
+                            chains, pars)
+            tables = search.tables
+            for target in (math.inf, 1.0, 0.05):
+                read, solved = Probe(search, target), Probe(search, target)
+                for info in chains:
+                    if info.has_parallel or not info.num_items:
+                        continue
+                    for k_after in range(tables.max_v + 1):
+                        for end in range(1, info.num_items + 1):
+                            need = solved.chain(info, k_after, end).need[0]
+                            for v in (v for v, devices in enumerate(need) if devices <= tables.num_devices):
+                                expected: list[StageSpec] = []
+                                solved.emit_chain(info, k_after, v, expected, end=end)
+                                found: list[StageSpec] = []
+                                if read._emit_from_floors(info, k_after, v, found, 0, end):
+                                    assert found == expected, (target, k_after, end, v)
+                                    rebuilt += 1
+                                else:
+                                    assert limit < 1e18 and not found
+    assert rebuilt

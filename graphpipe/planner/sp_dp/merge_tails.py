@@ -361,6 +361,13 @@ class PrefixNeeds:
         return floor_needs(self.floors, np.arange(self.floors.shape[0]), k_after, num_devices)
 
 
+def suffix_floors(fewest: np.ndarray, end: int, max_v: int) -> np.ndarray:
+    """floor[s, m]: fewest devices staging items [s, end) in at most m stages, for s = 0 .. end: `prefix_floors` of
+    the chain [0, end) read backwards (segment [i, j) of it is [end - j, end - i) of the reversed one)."""
+    part = fewest[:end + 1, :end + 1]
+    return np.ascontiguousarray(prefix_floors(part[::-1, ::-1].T, max_v)[::-1])
+
+
 def floor_needs(floors: np.ndarray, ends: np.ndarray, k_after: int, num_devices: int) -> np.ndarray:
     """Per end, the need vector of prefix [0, end) followed by k_after in flight, from count-free floors (which
     are then the needs, `PrefixNeeds`): the floor at v - k_after, infeasible above the devices."""

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 
+import numpy as np
+
 from graphpipe.planner.sp_dp.blocks import BIG
 
 NO_KEY: Final = 1 << 62  # above every cell key (`size_tables.SegmentOffers`): no segment offer for the cell
@@ -116,6 +118,16 @@ def breakpoints(need: list[int]) -> list[tuple[int, int]]:
 def feasible_breakpoints(need: list[int], num_devices: int) -> list[tuple[int, int]]:
     """Breakpoints of a need vector that fit on the devices."""
     return [point for point in breakpoints(need) if point[1] <= num_devices]
+
+
+def feasible_breakpoints_of_rows(needs: np.ndarray, num_devices: int) -> list[list[tuple[int, int]]]:
+    """`feasible_breakpoints` of every row of a table of non-increasing need vectors, read off at once."""
+    before = np.concatenate((np.full((len(needs), 1), BIG, dtype=needs.dtype), needs[:, :-1]), axis=1)
+    rows, cells = np.nonzero((needs < before) & (needs <= num_devices))
+    out: list[list[tuple[int, int]]] = [[] for _ in range(len(needs))]
+    for row, cell, devices in zip(rows.tolist(), cells.tolist(), needs[rows, cells].tolist()):
+        out[row].append((cell, devices))
+    return out
 
 
 def write_segments(best: list[int], span: int, unit: int, row: list[int], chosen: list[ChainChoice | None]) -> None:

@@ -45,7 +45,7 @@ import numpy as np
 from graphpipe.graph.sp import SPChain
 from graphpipe.planner.sp_dp.blocks import BIG, MAX_ENUMERATED_BRANCHES
 from graphpipe.planner.sp_dp.fork_join import ForkJoinSolver, ForkLane, Shapes
-from graphpipe.planner.sp_dp.merge_tails import MergeTables, floor_needs
+from graphpipe.planner.sp_dp.merge_tails import MergeTables, floor_needs, suffix_floors
 from graphpipe.planner.sp_dp.need import (
     BLOCK,
     JOINED,
@@ -60,6 +60,7 @@ from graphpipe.planner.sp_dp.need import (
     JoinedSol,
     ParSol,
     feasible_breakpoints,
+    feasible_breakpoints_of_rows,
     settle,
     write_segments,
 )
@@ -70,6 +71,8 @@ from graphpipe.planner.stage_spec import StageSpec
 
 FLOOR_ITEMS = 16  # the shortest chain whose entry need comes from its floors (`Probe.entry_need`): below it the
 # DP's few rows cost less than the numpy passes' fixed work (measured: slower at 4-8 items, break-even at 16-32)
+REBUILD_ITEMS = 24  # the shortest chain whose stages are rebuilt from its floors (`_emit_from_floors`): below it the
+# DP's rows cost less than the suffix floors (measured: slower at 16-17 items, faster at 32 and above)
 
 
 class ProbeHost(Protocol):
@@ -122,8 +125,9 @@ class Probe:
         counts at this target (`SizeTables.fewest_free`) needs at v what its prefix [0, end) needs staged in at most
         v - k_after stages, each on its segment's fewest degree: its prefix floors (`merge_tails.prefix_floors`),
         one numpy pass for every end and k_after instead of the DP's rows; a chain with parallel items, or whose
-        counts matter, is solved. Its stages are rebuilt from `chain` (`emit_chain`) only where a plan found uses
-        it: of a two-branch block's lanes (a tower, the tower with the head), a plan uses one or two. The root
+        counts matter, is solved. Its stages are rebuilt (`emit_chain`) only where a plan found uses it (of a
+        two-branch block's lanes, a tower and the tower with the head, one or two), from its suffix floors where
+        these are its needs (`_emit_from_floors`). The root
         chain is always solved (`best_entry`): a plan found is rebuilt from it at once."""
         end = info.num_items if end is None else end
         key = (info.content, k_after, end)
@@ -429,6 +433,9 @@ class Probe:
     def emit_chain(self, info: ChainInfo, k_after: int, v: int, out: list[StageSpec], start: int = 0,
                    end: int | None = None) -> None:
         end = info.num_items if end is None else end
+        if (info.content, k_after, end) not in self.chain_memo and self._emit_from_floors(info, k_after, v, out,
+                                                                                          start, end):
+            return
         sol = self.chain(info, k_after, end)
         while start < end:
             chosen = sol.choice[start][v]
@@ -456,6 +463,37 @@ class Probe:
                 assert found is not None
                 self.blocks.emit(self, found, with_join, block_after, block_v, out)
                 start, v = (found.stop if with_join else found.par_pos + 1), block_after
+
+    def _emit_from_floors(self, info: ChainInfo, k_after: int, v: int, out: list[StageSpec], start: int,
+                          end: int) -> bool:
+        """The stages of a chain whose entry need came from its floors (`entry_need`), without the DP's rows: where
+        no stage's degree depends on its count, the need of every suffix [s, end) is its suffix floor
+        (`merge_tails.suffix_floors`) as the entry need is its prefix floor, so the rows of the starts the plan
+        visits are the DP's rows, written by the DP's own steps (`_segment_keys`, `write_segments`, `settle`)
+        from those needs: the same choices, one row per stage instead of one per item. False (nothing
+        emitted) where the floors are not the needs, or the chain is shorter than REBUILD_ITEMS."""
+        if info.has_parallel or info.num_items < REBUILD_ITEMS or self._floors(info) is None:
+            return False
+        t = self.tables
+        fewest = t.fewest_free(info, self.target)
+        assert fewest is not None  # `_floors` read the same
+        needs = floor_needs(suffix_floors(fewest, end, t.max_v), np.arange(end + 1), k_after, t.num_devices)
+        breaks = feasible_breakpoints_of_rows(needs, t.num_devices) + [[] for _ in range(info.num_items - end)]
+        least = [found[-1][1] if found else BIG for found in breaks]  # past `end`: infeasible, as the DP's rows
+        offers = self.host.offers(info, self.target)
+        while start < end:
+            row: list[int] = [BIG] * (t.max_v + 1)
+            chosen: list[ChainChoice | None] = [None] * (t.max_v + 1)
+            best = self._segment_keys(offers, start, breaks, least, t.max_v + 1)
+            if best is not None:
+                write_segments(best, offers.span, offers.unit, row, chosen)
+            settle(row, chosen, t.num_devices)
+            picked = chosen[v]
+            assert picked is not None and picked[0] == SEG, "reconstructing an infeasible DP state"
+            _, stop, d1, u = picked
+            out.append(StageSpec(ops=info.ops(start, stop), num_devices=d1, micro_batch_size=t.micro_batch_size))
+            start, v = stop, u
+        return True
 
     def emit_par(self, pinfo: ParInfo, k_after: int, v: int, out: list[StageSpec], mask: int | None = None,
                  prefixes: bool = False) -> None:

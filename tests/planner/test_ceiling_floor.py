@@ -1,8 +1,9 @@
 """The floor that skips a ceiling probe (`sp_dp.search.Search.may_meet`): where it says no plan meets a target, the
 probe finds none, on the SP tree and on the chain, with and without a memory limit; the chain search with the
 ceiling finds the same plans without it; and on a chain it reads the segments within the target as a band
-(`sp_dp.band`) whose fewest degrees are the whole table's, nothing outside it meeting the target, and whose prefix
-floors are `merge_tails.prefix_floors`' of the whole table."""
+(`sp_dp.band`) whose fewest degrees are the whole table's, nothing outside it meeting the target, and whose least
+staging is the whole table's shortest path, deciding like `merge_tails.prefix_floors` at `max_v` stages whether it
+fits on the devices."""
 
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ from graphpipe.planner.sp_dp.band import (
     PASS_CELLS,
     _band_groups,
     band_widths,
-    chain_floors,
+    chain_floor,
     fewest_in_band,
-    floors_in_band,
+    least_staging_in_band,
 )
 from graphpipe.planner.sp_dp.blocks import BIG
 from graphpipe.planner.sp_dp.merge_tails import prefix_floors
@@ -118,8 +119,21 @@ def test_the_band_is_the_tables_segments_within_the_target(case: Case) -> None:
                 meets = (tps[pos] <= target) & fits[pos] & (k_max[pos] >= 1)
                 assert not meets[beyond].any(), (target, tables.degrees[pos], reach)
             floors = prefix_floors(whole, tables.max_v)
-            assert (floors_in_band(band, tables.max_v) == floors).all(), target
-            assert (chain_floors(tables, info, target) == floors).all(), target
+            least = least_staging_in_band(band)
+            assert least == _least_staging(whole), target
+            if floors[-1, -1] <= request.num_devices:  # a staging that fits has fewer than max_v stages
+                assert least == floors[-1, -1], target
+            assert (chain_floor(tables, info, target) <= request.num_devices) == (floors[-1, -1] <= request.num_devices)
+
+
+def _least_staging(fewest: np.ndarray) -> int:
+    """The least devices staging a whole chain in any number of stages, by the definition: a shortest path through
+    the stops, from the whole table fewest[start, stop]."""
+    size = fewest.shape[0]
+    least = [0] + [BIG] * (size - 1)
+    for stop in range(1, size):
+        least[stop] = min([BIG] + [least[start] + int(fewest[start, stop]) for start in range(stop)])
+    return min(least[-1], BIG)
 
 
 def _all_runs(count: int) -> list[list[tuple[int, int]]]:

@@ -1,4 +1,4 @@
-"""A chain's segments within a TPS target as a band: their fewest degrees and the prefix floors over them,
+"""A chain's segments within a TPS target as a band: their fewest degrees and the least staging over them,
 without the chain's whole segment table.
 
 A segment's TPS is at least its compute per sample (the p2p and all-reduce terms add to it), and the
@@ -8,9 +8,10 @@ the chain's length on a long chain and a tight target, and fewer the fewer the d
 meets a target only on many). `fewest_in_band` evaluates the segment table's formulas
 (`SizeTables.segment_costs`, shared with the table) on each degree's band only, so every number is the
 table's;
-`floors_in_band` is `merge_tails.prefix_floors` over those segments (the others meet nothing), the same
-floors. The chain pass reads them (`Search.may_meet`, through `chain_floors`): at op level on many
-devices, building the whole table of every micro-batch size was most of its time.
+`least_staging_in_band` is the least staging over those segments (the others meet nothing), which
+`merge_tails.prefix_floors` reaches at its last stage count wherever it fits on the devices. The chain
+pass reads it (`Search.may_meet`, through `chain_floor`): at op level on many devices, building the
+whole table of every micro-batch size was most of its time.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from graphpipe.planner.sp_dp.tables import ChainInfo
 from graphpipe.planner.stage_cost import all_reduce_link
 
 MARGIN = 1e-6  # relative, on the band's edge: a segment the rounding might let in is kept and evaluated
-NARROW = 0.5  # the largest band, as a share of the segment table's cells, read as a band (`chain_floors`)
+NARROW = 0.5  # the largest band, as a share of the segment table's cells, read as a band (`chain_floor`)
 PASS_CELLS = 4000  # numpy's fixed work in one pass of `fewest_in_band`, in cells (measured: about 50 us a pass)
 
 
@@ -45,17 +46,20 @@ def band_widths(tables: SizeTables, info: ChainInfo, target_ms: float) -> list[i
     return widths
 
 
-def chain_floors(tables: SizeTables, info: ChainInfo, target_ms: float) -> np.ndarray:
-    """`merge_tails.prefix_floors` of the chain at one micro-batch in flight: from the band where the chain has no
-    parallel items and the band holds at most NARROW of the table's cells, else from the whole table, its blocks
-    stepped over on their least work (gathering a wide band costs more than the table, which a probe at this
-    target builds anyway)."""
+def chain_floor(tables: SizeTables, info: ChainInfo, target_ms: float) -> int:
+    """A floor on the devices that stage the chain at this target with every stage holding one micro-batch, at most
+    the devices exactly when some such staging fits on them (`Search.may_meet`): the least over any number of
+    stages, from the band, where the chain has no parallel items and the band holds at most NARROW of the table's
+    cells (`least_staging_in_band`); else `merge_tails.prefix_floors` at `max_v` stages from the whole table, its
+    blocks stepped over on their least work (gathering a wide band costs more than the table, which a probe at
+    this target builds anyway). The two agree on that test: a staging on at most the devices has at most as
+    many stages, fewer than `max_v`."""
     if info.has_parallel:
-        return held_floors(tables, info, target_ms, 1, block_steps(tables, info, target_ms))
+        return int(held_floors(tables, info, target_ms, 1, block_steps(tables, info, target_ms))[-1, -1])
     widths = band_widths(tables, info, target_ms)
     if sum(widths) > NARROW * len(widths) * info.num_items:
-        return held_floors(tables, info, target_ms, 1)
-    return floors_in_band(fewest_in_band(tables, info, target_ms, widths), tables.max_v)
+        return int(held_floors(tables, info, target_ms, 1)[-1, -1])
+    return least_staging_in_band(fewest_in_band(tables, info, target_ms, widths))
 
 
 def fewest_in_band(tables: SizeTables, info: ChainInfo, target_ms: float, widths: list[int]) -> np.ndarray:
@@ -107,22 +111,19 @@ def _band_groups(degrees: tuple[int, ...], widths: list[int], size: int) -> list
     return groups[::-1]
 
 
-def floors_in_band(fewest: np.ndarray, max_v: int) -> np.ndarray:
-    """`merge_tails.prefix_floors` of a chain without parallel items, from its band (`fewest_in_band`): column m
-    is column m - 1 or a stage [j - 1 - w, j) after a staging of [0, j - 1 - w) in m - 1 stages."""
+def least_staging_in_band(fewest: np.ndarray) -> int:
+    """The fewest devices staging the whole chain in any number of stages, each on its segment's fewest degree,
+    from its band (`fewest_in_band`; BIG where none): the shortest path through the stops, each stop j reached
+    from the band's starts j - 1 - w at their least plus fewest[j - 1 - w, w]. One pass over the stops, where
+    `merge_tails.prefix_floors` takes one over the band per stage count (up to `max_v` on a long chain)."""
     size, width = fewest.shape
     offsets = np.arange(width)[None, :]
     sources = np.arange(size)[:, None] - 1 - offsets  # per stop j, the starts of its band's segments
     inside = sources >= 0
     np.maximum(sources, 0, out=sources)
     incoming = np.where(inside, fewest[sources, offsets], BIG)
-    floors = np.full((size, max_v + 1), BIG, dtype=np.int64)
-    floors[0] = 0
-    for m in range(1, max_v + 1):
-        before = floors[:, m - 1]
-        column = np.minimum(before, np.minimum((before[sources] + incoming).min(axis=1), BIG))
-        floors[:, m] = column
-        if np.array_equal(column, before):
-            floors[:, m + 1:] = column[:, None]
-            break
-    return floors
+    least = np.full(size, BIG, dtype=np.int64)
+    least[0] = 0
+    for stop in range(1, size):
+        least[stop] = min(int((least[sources[stop]] + incoming[stop]).min()), BIG)
+    return int(least[-1])

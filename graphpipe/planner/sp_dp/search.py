@@ -23,7 +23,7 @@ import numpy as np
 
 from graphpipe.cost.formulas.memory import OPTIMIZER_STATE_FACTOR
 from graphpipe.graph.sp import SPChain
-from graphpipe.planner.sp_dp.band import chain_floors
+from graphpipe.planner.sp_dp.band import chain_floor
 from graphpipe.planner.sp_dp.fork_join import Shapes
 from graphpipe.planner.sp_dp.merge_tails import MergeTables
 from graphpipe.planner.sp_dp.probe import Probe
@@ -206,12 +206,12 @@ class Search:
         return OPTIMIZER_STATE_FACTOR * params + acts <= self.tables.memory_limit * self.num_devices
 
     def may_meet(self, target_ms: float) -> bool:
-        """False when no plan at this size meets `target_ms`, proven without a probe: the root chain's prefix floor
-        (`merge_tails.prefix_floors`, the DP with every stage holding one micro-batch, its blocks stepped over on
-        their least work: never above the DP's need) needs more than the devices at every in-flight count. On a
+        """False when no plan at this size meets `target_ms`, proven without a probe: the root chain's floor
+        (`band.chain_floor`, the DP with every stage holding one micro-batch, its blocks stepped over on their least
+        work: never above the DP's need) needs more than the devices at every in-flight count. On a
         chain without parallel items it reads only the segments within the target where they are few (`band`),
         else the segment table a probe builds anyway; either way it skips the offers and the DP's rows."""
-        return int(chain_floors(self.tables, self.root, target_ms)[-1, -1]) <= self.tables.num_devices
+        return chain_floor(self.tables, self.root, target_ms) <= self.tables.num_devices
 
     def attempt(self, target_ms: float) -> bool:
         """One probe; moves `hi` down to the plan found, or `lo` up to the target."""

@@ -21,14 +21,17 @@ from graphpipe.planner.request import PlanRequest
 from graphpipe.planner.sp_dp import Search, band, build_tables, partition_sp
 from graphpipe.planner.sp_dp.band import (
     PASS_CELLS,
+    Band,
     _band_groups,
     band_widths,
+    chain_band,
     chain_floor,
     fewest_in_band,
     least_staging_in_band,
 )
 from graphpipe.planner.sp_dp.blocks import BIG
 from graphpipe.planner.sp_dp.merge_tails import prefix_floors
+from graphpipe.planner.sp_dp.size_tables import SegmentOffers
 from graphpipe.planner.stage_spec import StageSpec
 from tests.planner.random_sp_graphs import Case, cases
 
@@ -79,6 +82,8 @@ def _with_ceiling(request: PlanRequest) -> dict[int, list[list[StageSpec]]]:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(case=cases())
 def test_the_ceiling_search_finds_the_same_plans_without_the_floor(case: Case) -> None:
+    """The chain pass finds the same plans with the floor (and the lone probe's offers from its band) as with
+    neither (every target probed, offers from the whole table)."""
     for limit in _limits(case):
         with_floor = _with_ceiling(_request(case, limit))
         with pytest.MonkeyPatch.context() as patch:
@@ -123,7 +128,8 @@ def test_the_band_is_the_tables_segments_within_the_target(case: Case) -> None:
             assert least == _least_staging(whole), target
             if floors[-1, -1] <= request.num_devices:  # a staging that fits has fewer than max_v stages
                 assert least == floors[-1, -1], target
-            assert (chain_floor(tables, info, target) <= request.num_devices) == (floors[-1, -1] <= request.num_devices)
+            fits = chain_floor(tables, info, target, chain_band(tables, info, target)) <= request.num_devices
+            assert fits == (floors[-1, -1] <= request.num_devices), target
 
 
 def _least_staging(fewest: np.ndarray) -> int:
@@ -179,3 +185,38 @@ def test_the_band_is_the_same_however_the_degrees_are_grouped(case: Case) -> Non
             with mock.patch.object(band, "_band_groups", grouping):
                 found.append(fewest_in_band(tables, info, target, widths))
         assert (found[0] == found[1]).all(), target
+
+
+def _offers_by_start(offers: SegmentOffers, target: float) -> list[list[tuple[int, int, float, int, bool]]]:
+    """Per start, its offers as (stop, devices left beside it, TPS, most in flight, dominated at `target`), sorted:
+    what a probe at `target` reads of them, whatever their order among equal TPS."""
+    out = []
+    for start in range(len(offers.offsets) - 1):
+        lo, hi = offers.offsets[start], offers.offsets[start + 1]
+        assert offers.tps[lo:hi] == sorted(offers.tps[lo:hi])  # by TPS within a start, as `_segment_keys` bisects
+        out.append(sorted((offers.stops[at], offers.rooms[at], offers.tps[at], offers.k_maxes[at],
+                           offers.until[at] <= target) for at in range(lo, hi)))
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=cases())
+def test_the_bands_offers_are_the_tables_at_its_target(case: Case) -> None:
+    """`Band.offers` holds the offers `SizeTables.build_offers` builds from the whole table at the band's target alone:
+    per start the same segments, degrees, TPS and in-flight counts, each dominated there or not alike, with and
+    without a binding memory limit, at targets from loose to tight (the plans the chain pass finds with them:
+    `test_the_ceiling_search_finds_the_same_plans_without_the_floor`)."""
+    for limit in _limits(case):
+        request = _request(case, limit)
+        found = partition_sp(request.model, request.chain_tree, request.num_devices, request.micro_batch_sizes, limit)
+        plans = [plans[0] for plans in found.values() if plans]
+        best = 1.0 if not plans else max(
+            request.model.stage_cost(s.ops, s.num_devices, s.micro_batch_size).tps_ms for s in plans[0])
+        chains, pars = build_tables(request.model, request.chain_tree)
+        search = Search(request.model, request.chain_tree, request.num_devices, case.micro_batch_size, limit,
+                        chains, pars)
+        tables, info = search.tables, search.root
+        for target in (best * 2, best, best * 0.7, best * 0.3):
+            band = Band(tables, info, target, band_widths(tables, info, target))
+            assert _offers_by_start(band.offers(), target) == _offers_by_start(
+                tables.build_offers(info, target, target), target), target

@@ -17,13 +17,14 @@ whole table of every micro-batch size was most of its time.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from graphpipe.cost.formulas.communication import ring_all_reduce_ms_array
 from graphpipe.planner.sp_dp.blocks import BIG
 from graphpipe.planner.sp_dp.merge_tails import block_steps, held_floors
-from graphpipe.planner.sp_dp.size_tables import SizeTables, fewest_degree
+from graphpipe.planner.sp_dp.size_tables import SegmentOffers, SizeTables, dominance_cap, fewest_degree
 from graphpipe.planner.sp_dp.tables import ChainInfo
 from graphpipe.planner.stage_cost import all_reduce_link
 
@@ -46,31 +47,64 @@ def band_widths(tables: SizeTables, info: ChainInfo, target_ms: float) -> list[i
     return widths
 
 
-def chain_floor(tables: SizeTables, info: ChainInfo, target_ms: float) -> int:
-    """A floor on the devices that stage the chain at this target with every stage holding one micro-batch, at most
-    the devices exactly when some such staging fits on them (`Search.may_meet`): the least over any number of
-    stages, from the band, where the chain has no parallel items and the band holds at most NARROW of the table's
-    cells (`least_staging_in_band`); else `merge_tails.prefix_floors` at `max_v` stages from the whole table, its
-    blocks stepped over on their least work (gathering a wide band costs more than the table, which a probe at
-    this target builds anyway). The two agree on that test: a staging on at most the devices has at most as
-    many stages, fewer than `max_v`."""
+def chain_band(tables: SizeTables, info: ChainInfo, target_ms: float) -> Band | None:
+    """The chain's segments within `target_ms` as a band (`Band`), or None where the chain has parallel items or the
+    band would hold more than NARROW of the table's cells (gathering a wide band costs more than the table, which a
+    probe at this target builds anyway)."""
     if info.has_parallel:
-        return int(held_floors(tables, info, target_ms, 1, block_steps(tables, info, target_ms))[-1, -1])
+        return None
     widths = band_widths(tables, info, target_ms)
     if sum(widths) > NARROW * len(widths) * info.num_items:
-        return int(held_floors(tables, info, target_ms, 1)[-1, -1])
-    return least_staging_in_band(fewest_in_band(tables, info, target_ms, widths))
+        return None
+    return Band(tables, info, target_ms, widths)
 
 
-def fewest_in_band(tables: SizeTables, info: ChainInfo, target_ms: float, widths: list[int]) -> np.ndarray:
-    """fewest[i, w]: the fewest degree on which segment [i, i + 1 + w) meets `target_ms` and holds its weights
-    and one micro-batch, BIG where none does or past the chain's end: `SizeTables.fewest_degrees` at one
-    micro-batch in flight, on the degrees' bands (`band_widths`, grouped by `_band_groups`), the widest group
-    first so that a smaller degree that also meets overwrites it."""
-    size, b = info.num_items + 1, tables.micro_batch_size
-    fewest = np.full((size, max(widths)), BIG, dtype=np.int64)
-    messages, num_bytes = info.boundary_matrix()
-    for degrees, width in reversed(_band_groups(tables.degrees, widths, size)):
+def chain_floor(tables: SizeTables, info: ChainInfo, target_ms: float, band: Band | None) -> int:
+    """A floor on the devices that stage the chain at this target with every stage holding one micro-batch, at most
+    the devices exactly when some such staging fits on them (`Search.may_meet`): the least over any number of
+    stages over its `band` (`chain_band`, `least_staging_in_band`) where it has one; else
+    `merge_tails.prefix_floors` at `max_v` stages from the whole table, its blocks stepped over on their least work.
+    The two agree on that test: a staging on at most the devices has at most as many stages, fewer than `max_v`."""
+    if band is not None:
+        return least_staging_in_band(band.fewest())
+    steps = block_steps(tables, info, target_ms) if info.has_parallel else None
+    return int(held_floors(tables, info, target_ms, 1, steps)[-1, -1])
+
+
+@dataclass(frozen=True, slots=True)
+class BandGroup:
+    """Consecutive degrees of the table (from position `first`) evaluated on one band of `width` stops per start:
+    TPS, most micro-batches in flight and fits, degree x start x w for segment [start, start + 1 + w)."""
+
+    first: int
+    degrees: tuple[int, ...]
+    width: int
+    tps: np.ndarray
+    k_max: np.ndarray
+    fits: np.ndarray
+
+
+class Band:
+    """A chain's segments that may meet `target_ms`, on each degree's band (`band_widths`, grouped by
+    `_band_groups`), with the segment table's numbers (`SizeTables.segment_costs` on the band only). Read for the
+    floor (`fewest`) and, at that target alone, for the offers of a probe (`offers`): the chain pass's probe at
+    the ceiling then builds no segment table."""
+
+    def __init__(self, tables: SizeTables, info: ChainInfo, target_ms: float, widths: list[int]) -> None:
+        self.tables = tables
+        self.info = info
+        self.target = target_ms
+        self.width = max(widths)
+        self.groups: list[BandGroup] = []
+        first = 0
+        for degrees, width in _band_groups(tables.degrees, widths, info.num_items + 1):
+            self.groups.append(self._group(first, degrees, width))
+            first += len(degrees)
+
+    def _group(self, first: int, degrees: tuple[int, ...], width: int) -> BandGroup:
+        tables, info = self.tables, self.info
+        size, b = info.num_items + 1, tables.micro_batch_size
+        messages, num_bytes = info.boundary_matrix()
         starts = np.arange(size)[:, None]
         stops = starts + 1 + np.arange(width)[None, :]
         inside = stops < size
@@ -83,12 +117,57 @@ def fewest_in_band(tables: SizeTables, info: ChainInfo, target_ms: float, widths
         acts = np.stack([acts[stops] - acts[starts] for _, acts in prefixes])
         tps, k_max, fits = tables.segment_costs(compute, messages[starts, stops], num_bytes[starts, stops], params,
                                                 reduce_ms, acts, inside, degrees)
-        meets = tps <= target_ms
-        meets &= fits
-        meets &= k_max >= 1
-        found = fewest_degree(meets, degrees, axis=0)
-        np.copyto(fewest[:, :width], found, where=found < BIG)
-    return fewest
+        return BandGroup(first, degrees, width, tps, k_max, fits)
+
+    def fewest(self) -> np.ndarray:
+        """fewest[i, w]: the fewest degree on which segment [i, i + 1 + w) meets the target and holds its weights
+        and one micro-batch, BIG where none does or past the chain's end: `SizeTables.fewest_degrees` at one
+        micro-batch in flight, the widest group first so that a smaller degree that also meets overwrites it."""
+        fewest = np.full((self.info.num_items + 1, self.width), BIG, dtype=np.int64)
+        for group in reversed(self.groups):
+            meets = group.tps <= self.target
+            meets &= group.fits
+            meets &= group.k_max >= 1
+            found = fewest_degree(meets, group.degrees, axis=0)
+            np.copyto(fewest[:, :group.width], found, where=found < BIG)
+        return fewest
+
+    def offers(self) -> SegmentOffers:
+        """`SizeTables.build_offers` at this target alone (low and bound both the target), from the band: every
+        segment within the target is in it, with the table's numbers. An offer's `until` is exact where it is
+        within the target, the only place a probe at this target reads it (a smaller degree dominates there), and
+        infinite where that smaller degree's segment lies beyond its band (its TPS is then above the target)."""
+        parts: list[tuple[np.ndarray, ...]] = []
+        for group in self.groups:
+            for row in range(len(group.degrees)):
+                tps, k_max = group.tps[row], group.k_max[row]
+                start, offset = np.nonzero((tps <= self.target) & group.fits[row])
+                values, own_k = tps[start, offset], k_max[start, offset]
+                until = np.full(len(start), math.inf)
+                for smaller in range(group.first + row):
+                    self._dominate(smaller, start, offset, own_k, until)
+                keep = (values < until) & (until > dominance_cap(self.target))
+                parts.append((np.full(int(keep.sum()), group.first + row), start[keep], start[keep] + 1 + offset[keep],
+                              values[keep], own_k[keep], until[keep]))
+        pos, start, stop, values, k_max, until = (np.concatenate([part[idx] for part in parts]) for idx in range(6))
+        return self.tables.pack_offers(self.info, pos, start, stop, values, k_max, until, self.target, self.target)
+
+    def _dominate(self, smaller: int, start: np.ndarray, offset: np.ndarray, own_k: np.ndarray,
+                  until: np.ndarray) -> None:
+        """Lower `until` to the TPS of the degree at position `smaller` on the same segments, where it fits, holds at
+        least as many micro-batches in flight and the segment is within its band."""
+        group = next(group for group in self.groups if group.first <= smaller < group.first + len(group.degrees))
+        row = smaller - group.first
+        within = offset < group.width
+        at_start, at_offset = start[within], offset[within]
+        covers = group.fits[row][at_start, at_offset] & (group.k_max[row][at_start, at_offset] >= own_k[within])
+        found = np.where(covers, group.tps[row][at_start, at_offset], math.inf)
+        until[within] = np.minimum(until[within], found)
+
+
+def fewest_in_band(tables: SizeTables, info: ChainInfo, target_ms: float, widths: list[int]) -> np.ndarray:
+    """`Band.fewest` of the chain's band at `target_ms` with these widths (`band_widths`)."""
+    return Band(tables, info, target_ms, widths).fewest()
 
 
 def _band_groups(degrees: tuple[int, ...], widths: list[int], size: int) -> list[tuple[tuple[int, ...], int]]:

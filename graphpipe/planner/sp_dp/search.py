@@ -23,7 +23,7 @@ import numpy as np
 
 from graphpipe.cost.formulas.memory import OPTIMIZER_STATE_FACTOR
 from graphpipe.graph.sp import SPChain
-from graphpipe.planner.sp_dp.band import chain_floor
+from graphpipe.planner.sp_dp.band import Band, chain_band, chain_floor
 from graphpipe.planner.sp_dp.fork_join import Shapes
 from graphpipe.planner.sp_dp.merge_tails import MergeTables
 from graphpipe.planner.sp_dp.probe import Probe
@@ -149,6 +149,7 @@ class Search:
         self.unguided = False  # `start` found its first plan only with no target: far from the optimum
         self.fell_back = False  # `start` found its first plan on the walk from another size's fallback
         self._lower_bound: float | None = None
+        self._band: Band | None = None  # the root chain's band at a ceiling `may_meet` let through (`offers`)
 
     @property
     def micro_batch_size(self) -> int:
@@ -163,12 +164,18 @@ class Search:
 
         Built for a window of targets and reused while the targets stay in it: the binary search's
         interval once its lower end is known (`start`), which later probes never leave, else only this
-        target (a lone chain-ceiling probe); rebuilt when a target falls outside. Twins share them."""
+        target (a lone chain-ceiling probe: from the band `may_meet` read at it, where the chain has one, without
+        the segment table); rebuilt when a target falls outside. Twins share them."""
         hit = self._offers.get(info.content)
         if hit is None or not hit.low <= target_ms <= hit.bound:
             top = max(target_ms, self.hi, self.window_top)
             low, bound = (self.lo, top) if 0 < self.lo <= target_ms else (target_ms, target_ms)
-            hit = self._offers[info.content] = self.tables.build_offers(info, low, bound)
+            band, self._band = self._band, None  # read once: a probe at another target needs the table
+            if band is not None and band.info is info and low == bound == band.target:
+                hit = band.offers()
+            else:
+                hit = self.tables.build_offers(info, low, bound)
+            self._offers[info.content] = hit
         return hit
 
     def probe(self, target_ms: float) -> list[StageSpec] | None:
@@ -211,7 +218,11 @@ class Search:
         work: never above the DP's need) needs more than the devices at every in-flight count. On a
         chain without parallel items it reads only the segments within the target where they are few (`band`),
         else the segment table a probe builds anyway; either way it skips the offers and the DP's rows."""
-        return chain_floor(self.tables, self.root, target_ms) <= self.tables.num_devices
+        band = chain_band(self.tables, self.root, target_ms)
+        if chain_floor(self.tables, self.root, target_ms, band) > self.tables.num_devices:
+            return False
+        self._band = band  # the lone probe at this target builds its offers from it (`offers`)
+        return True
 
     def attempt(self, target_ms: float) -> bool:
         """One probe; moves `hi` down to the plan found, or `lo` up to the target."""

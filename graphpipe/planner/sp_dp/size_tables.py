@@ -174,11 +174,8 @@ class SizeTables:
         return row
 
     def build_offers(self, info: ChainInfo, low: float, bound: float) -> SegmentOffers:
-        """Offers within `bound` (TPS >= compute, so the compute is within too) and not dominated at `low`.
-
-        Read through flat indices (one `take` per array, no 3-D fancy indexing), ordered by TPS and then,
-        stably, by start (a radix sort): the order among a start's offers of equal TPS is free, as
-        `Probe._segment_keys` keeps the same cell whatever the order."""
+        """Offers within `bound` (TPS >= compute, so the compute is within too) and not dominated at `low`, read
+        through flat indices (one `take` per array, no 3-D fancy indexing), packed by `pack_offers`."""
         _, tps, k_max, fits = self._table(info)
         mask = tps <= bound
         mask &= fits
@@ -189,19 +186,27 @@ class SizeTables:
         keep &= until > dominance_cap(low)
         flat, values, until = flat[keep], values[keep], until[keep]
         side = info.num_items + 1
-        order = np.argsort(values)
-        order = order[np.argsort((flat // side % side)[order].astype(np.min_scalar_type(side)), kind="stable")]
-        flat, values, until = flat[order], values[order], until[order]
         pos, rest = np.divmod(flat, side * side)
         start, stop = np.divmod(rest, side)
+        return self.pack_offers(info, pos, start, stop, values, k_max.ravel()[flat], until, low, bound)
+
+    def pack_offers(self, info: ChainInfo, pos: np.ndarray, start: np.ndarray, stop: np.ndarray, values: np.ndarray,
+                    k_max: np.ndarray, until: np.ndarray, low: float, bound: float) -> SegmentOffers:
+        """`SegmentOffers` of the offers given as parallel arrays (degree position, start, stop, TPS, most in flight,
+        `until`), in any order: ordered by TPS and then, stably, by start (a radix sort). The order among a start's
+        offers of equal TPS is free, as `Probe._segment_keys` keeps the same cell whatever the order."""
+        side = info.num_items + 1
+        order = np.argsort(values)
+        order = order[np.argsort(start[order].astype(np.min_scalar_type(side)), kind="stable")]
+        pos, start, stop, values, k_max, until = (part[order] for part in (pos, start, stop, values, k_max, until))
         degrees = np.array(self.degrees)[pos]
         span = info.num_items + 2  # > any stop
         unit = (self.num_devices + 1) * span  # > any d1 * span + stop
         offsets = np.searchsorted(start, np.arange(info.num_items + 2))
         return SegmentOffers(low=low, bound=bound, tps=values.tolist(), rooms=(self.num_devices - degrees).tolist(),
-                             stops=stop.tolist(), k_maxes=k_max.ravel()[flat].tolist(),
-                             until=until.tolist(), keys=(degrees * (unit + span) + stop).tolist(),
-                             offsets=offsets.tolist(), span=span, unit=unit)
+                             stops=stop.tolist(), k_maxes=k_max.tolist(), until=until.tolist(),
+                             keys=(degrees * (unit + span) + stop).tolist(), offsets=offsets.tolist(), span=span,
+                             unit=unit)
 
     @staticmethod
     def _dominated_above(flat: np.ndarray, tps: np.ndarray, k_max: np.ndarray, fits: np.ndarray) -> np.ndarray:

@@ -56,6 +56,7 @@ def test_reading_entry_needs_off_the_floors_changes_no_plan(case: Case) -> None:
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr(probe, "FLOOR_ITEMS", shortest)
                 patch.setattr(probe, "REBUILD_ITEMS", shortest)
+                patch.setattr(probe, "REBUILD_STAGES", math.inf if shortest == 1 else 0.0)
                 request = make_request(case.graph, case.costs, case.cluster, case.global_batch_size,
                                        micro_batch_sizes=[case.micro_batch_size], memory_limit=limit)
                 found.append(partition_sp(request.model, request.sp_tree, request.num_devices,
@@ -74,6 +75,7 @@ def test_stages_rebuilt_from_the_floors_are_the_dps(case: Case) -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(probe, "FLOOR_ITEMS", 1)
         patch.setattr(probe, "REBUILD_ITEMS", 1)
+        patch.setattr(probe, "REBUILD_STAGES", math.inf)  # every plan, however many stages it has
         for limit in (1e18, case.cluster.device.memory_bytes * 0.05):
             request = make_request(case.graph, case.costs, case.cluster, case.global_batch_size,
                                    micro_batch_sizes=[case.micro_batch_size], memory_limit=limit)
@@ -96,6 +98,6 @@ def test_stages_rebuilt_from_the_floors_are_the_dps(case: Case) -> None:
                                 if read._emit_from_floors(info, k_after, v, found, 0, end):
                                     assert found == expected, (target, k_after, end, v)
                                     rebuilt += 1
-                                else:
+                                else:  # the counts matter, under a limit only
                                     assert limit < 1e18 and not found
     assert rebuilt

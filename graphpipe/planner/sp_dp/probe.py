@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Literal, Protocol
 
@@ -73,6 +74,18 @@ FLOOR_ITEMS = 16  # the shortest chain whose entry need comes from its floors (`
 # DP's few rows cost less than the numpy passes' fixed work (measured: slower at 4-8 items, break-even at 16-32)
 REBUILD_ITEMS = 24  # the shortest chain whose stages are rebuilt from its floors (`_emit_from_floors`): below it the
 # DP's rows cost less than the suffix floors (measured: slower at 16-17 items, faster at 32 and above)
+REBUILD_STAGES = 0.5  # the most stages, per item, a plan rebuilt from floors may have (v - k_after bounds them): with
+# more, it reads about as many rows as the DP solves (mmt 4 x 32 layers at 1,024 devices: a stage per layer)
+
+
+@dataclass(slots=True)
+class _FloorRows:
+    """A chain's rows rebuilt from its suffix floors (`Probe._emit_from_floors`): every suffix's feasible
+    breakpoints and fewest devices, and the choices of the rows built so far, by start."""
+
+    breaks: list[list[tuple[int, int]]]
+    least: list[int]
+    chosen: dict[int, list[ChainChoice | None]]
 
 
 class ProbeHost(Protocol):
@@ -99,6 +112,7 @@ class Probe:
         self.par_memo: dict[tuple[int, int, bool], ParSol] = {}  # (parallel block, k_after, prefixes)
         self.joined_memo: dict[tuple[int, tuple[str, ...], int], JoinedSol] = {}  # (parallel block, join ops, k_after)
         self.entry_memo: dict[tuple[int, int, int], list[int]] = {}  # (chain's content, k_after, end)
+        self.floor_rows_memo: dict[tuple[int, int, int], _FloorRows] = {}  # (chain's content, k_after, end)
         self.blocks = ForkJoinSolver(self.tables, target_ms, host.shapes, host.merges)
 
     @property
@@ -470,30 +484,51 @@ class Probe:
         no stage's degree depends on its count, the need of every suffix [s, end) is its suffix floor
         (`merge_tails.suffix_floors`) as the entry need is its prefix floor, so the rows of the starts the plan
         visits are the DP's rows, written by the DP's own steps (`_segment_keys`, `write_segments`, `settle`)
-        from those needs: the same choices, one row per stage instead of one per item. False (nothing
-        emitted) where the floors are not the needs, or the chain is shorter than REBUILD_ITEMS."""
-        if info.has_parallel or info.num_items < REBUILD_ITEMS or self._floors(info) is None:
+        from those needs: the same choices, one row per stage instead of one per item, each kept for the chain's
+        twins (`_FloorRows`). False (nothing emitted) where the floors are not the needs, the chain is shorter
+        than REBUILD_ITEMS, or the plan may have more stages than REBUILD_STAGES of its items (v - k_after bounds
+        them): there the DP's rows cost no more."""
+        if info.has_parallel or info.num_items < REBUILD_ITEMS or v - k_after > REBUILD_STAGES * (end - start):
             return False
+        key = (info.content, k_after, end)
+        rows = self.floor_rows_memo.get(key)
+        if rows is None:
+            if self._floors(info) is None:
+                return False
+            rows = self.floor_rows_memo[key] = self._floor_rows(info, k_after, end)
+        size = self.tables.micro_batch_size
+        while start < end:
+            picked = rows.chosen.get(start)
+            if picked is None:
+                picked = rows.chosen[start] = self._floor_row(info, rows, start)
+            choice = picked[v]
+            assert choice is not None and choice[0] == SEG, "reconstructing an infeasible DP state"
+            _, stop, d1, u = choice
+            out.append(StageSpec(ops=info.ops(start, stop), num_devices=d1, micro_batch_size=size))
+            start, v = stop, u
+        return True
+
+    def _floor_rows(self, info: ChainInfo, k_after: int, end: int) -> _FloorRows:
+        """The breakpoints of every suffix's need vector, read off the suffix floors (past `end`: none, as the DP's
+        rows are infeasible there)."""
         t = self.tables
         fewest = t.fewest_free(info, self.target)
         assert fewest is not None  # `_floors` read the same
         needs = floor_needs(suffix_floors(fewest, end, t.max_v), np.arange(end + 1), k_after, t.num_devices)
         breaks = feasible_breakpoints_of_rows(needs, t.num_devices) + [[] for _ in range(info.num_items - end)]
-        least = [found[-1][1] if found else BIG for found in breaks]  # past `end`: infeasible, as the DP's rows
+        return _FloorRows(breaks, [found[-1][1] if found else BIG for found in breaks], {})
+
+    def _floor_row(self, info: ChainInfo, rows: _FloorRows, start: int) -> list[ChainChoice | None]:
+        """The choices of the DP's row at `start`, from the suffixes' needs (`_FloorRows`)."""
+        max_v = self.tables.max_v
         offers = self.host.offers(info, self.target)
-        while start < end:
-            row: list[int] = [BIG] * (t.max_v + 1)
-            chosen: list[ChainChoice | None] = [None] * (t.max_v + 1)
-            best = self._segment_keys(offers, start, breaks, least, t.max_v + 1)
-            if best is not None:
-                write_segments(best, offers.span, offers.unit, row, chosen)
-            settle(row, chosen, t.num_devices)
-            picked = chosen[v]
-            assert picked is not None and picked[0] == SEG, "reconstructing an infeasible DP state"
-            _, stop, d1, u = picked
-            out.append(StageSpec(ops=info.ops(start, stop), num_devices=d1, micro_batch_size=t.micro_batch_size))
-            start, v = stop, u
-        return True
+        row: list[int] = [BIG] * (max_v + 1)
+        chosen: list[ChainChoice | None] = [None] * (max_v + 1)
+        best = self._segment_keys(offers, start, rows.breaks, rows.least, max_v + 1)
+        if best is not None:
+            write_segments(best, offers.span, offers.unit, row, chosen)
+        settle(row, chosen, self.tables.num_devices)
+        return chosen
 
     def emit_par(self, pinfo: ParInfo, k_after: int, v: int, out: list[StageSpec], mask: int | None = None,
                  prefixes: bool = False) -> None:

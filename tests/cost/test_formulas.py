@@ -14,6 +14,7 @@ from graphpipe.cost.formulas.communication import (
     p2p_ms,
     p2p_ms_array,
     piece_ms,
+    ring_all_reduce_line,
     ring_all_reduce_ms,
     ring_all_reduce_ms_array,
 )
@@ -51,6 +52,13 @@ def test_ring_all_reduce_is_two_passes_of_n_minus_one_steps(devices: int) -> Non
 def test_ring_all_reduce_is_free_on_one_device_or_without_bytes() -> None:
     assert ring_all_reduce_ms(LINK, 1e9, 1) == 0.0
     assert ring_all_reduce_ms(LINK, 0, 8) == 0.0
+
+
+@given(link=links, grad_bytes=st.floats(1.0, 1e12), devices=st.integers(1, 1024))
+def test_ring_all_reduce_is_its_line_for_any_bytes(link: Link, grad_bytes: float, devices: int) -> None:
+    """`ring_all_reduce_line` is the all-reduce as slope x bytes + fixed, for any positive byte count."""
+    slope, fixed = ring_all_reduce_line(link, devices)
+    assert slope * grad_bytes + fixed == pytest.approx(ring_all_reduce_ms(link, grad_bytes, devices), rel=1e-12)
 
 
 def test_p2p_sends_activations_forward_and_gradients_backward() -> None:

@@ -43,6 +43,15 @@ def ring_all_reduce_ms(link: Link, grad_bytes: float, num_devices: int) -> float
     return steps / num_devices * grad_bytes / (link.bandwidth_gb_per_s * 1e9) * 1e3 + steps * link.latency_us / 1e3
 
 
+def ring_all_reduce_line(link: Link, num_devices: int) -> tuple[float, float]:
+    """(ms per byte, fixed ms) of `ring_all_reduce_ms` for any positive byte count: the same expression as a line,
+    for bounds that search over byte counts (equal to it up to rounding; (0, 0) for one device)."""
+    if num_devices <= 1:
+        return 0.0, 0.0
+    steps = 2 * (num_devices - 1)
+    return steps / num_devices / (link.bandwidth_gb_per_s * 1e9) * 1e3, steps * link.latency_us / 1e3
+
+
 def ring_all_reduce_ms_array(link: Link, grad_bytes: np.ndarray, num_devices: int) -> np.ndarray | float:
     """`ring_all_reduce_ms` elementwise over `grad_bytes` (a plain 0.0 for one device)."""
     if num_devices <= 1:

@@ -154,14 +154,16 @@ class Band:
         """`SizeTables.build_offers` at this target alone (low and bound both the target), from the band: every
         segment within the target is in it, with the table's numbers. An offer's `until` is exact where it is
         within the target, the only place a probe at this target reads it (a smaller degree dominates there), and
-        infinite where that smaller degree's segment lies beyond its band (its TPS is then above the target)."""
+        infinite where that smaller degree's segment lies beyond its band (its TPS is then above the target).
+        Read through flat indices, one `take` per array, as `build_offers` does."""
         parts: list[tuple[np.ndarray, ...]] = []
         for group in self.groups:
             for row in range(len(group.degrees)):
-                tps, k_max = group.tps[row], group.k_max[row]
-                start, offset = np.nonzero((tps <= self.target) & group.fits[row])
-                values, own_k = tps[start, offset], k_max[start, offset]
-                until = np.full(len(start), math.inf)
+                tps = group.tps[row].ravel()
+                flat = np.flatnonzero((tps <= self.target) & group.fits[row].ravel())
+                values, own_k = tps.take(flat), group.k_max[row].ravel().take(flat)
+                start, offset = np.divmod(flat, group.width)
+                until = np.full(len(flat), math.inf)
                 for smaller in range(group.first + row):
                     self._dominate(smaller, start, offset, own_k, until)
                 keep = (values < until) & (until > dominance_cap(self.target))
@@ -176,11 +178,12 @@ class Band:
         least as many micro-batches in flight and the segment is within its band."""
         group = next(group for group in self.groups if group.first <= smaller < group.first + len(group.degrees))
         row = smaller - group.first
-        within = offset < group.width
-        at_start, at_offset = start[within], offset[within]
-        covers = group.fits[row][at_start, at_offset] & (group.k_max[row][at_start, at_offset] >= own_k[within])
-        found = np.where(covers, group.tps[row][at_start, at_offset], math.inf)
-        until[within] = np.minimum(until[within], found)
+        within = np.flatnonzero(offset < group.width)
+        cells = start.take(within) * group.width + offset.take(within)
+        covers = group.fits[row].ravel().take(cells)
+        covers &= group.k_max[row].ravel().take(cells) >= own_k.take(within)
+        found = np.where(covers, group.tps[row].ravel().take(cells), math.inf)
+        until[within] = np.minimum(until.take(within), found)
 
 
 def fewest_in_band(tables: SizeTables, info: ChainInfo, target_ms: float, widths: list[int]) -> np.ndarray:

@@ -44,6 +44,19 @@ def _request(case: Case, limit: float) -> PlanRequest:
                         micro_batch_sizes=[case.micro_batch_size], memory_limit=limit)
 
 
+def _chain_search(case: Case, limit: float) -> tuple[PlanRequest, Search, float]:
+    """The case's request, a search on its chain at the case's micro-batch size, and the best chain plan's
+    bottleneck (1.0 where none fits): the targets the band tests sweep around."""
+    request = _request(case, limit)
+    found = partition_sp(request.model, request.chain_tree, request.num_devices, request.micro_batch_sizes, limit)
+    plans = [plans[0] for plans in found.values() if plans]
+    best = 1.0 if not plans else max(
+        request.model.stage_cost(s.ops, s.num_devices, s.micro_batch_size).tps_ms for s in plans[0])
+    chains, pars = build_tables(request.model, request.chain_tree)
+    return request, Search(request.model, request.chain_tree, request.num_devices, case.micro_batch_size, limit,
+                           chains, pars), best
+
+
 def _limits(case: Case) -> tuple[float, ...]:
     """No limit, and one that binds: the static state and one micro-batch of the heaviest op, times 1 plus the
     case's tightness (so a stage holds few ops and few micro-batches)."""
@@ -96,14 +109,7 @@ def test_the_ceiling_search_finds_the_same_plans_without_the_floor(case: Case) -
 @given(case=cases())
 def test_the_band_is_the_tables_segments_within_the_target(case: Case) -> None:
     for limit in _limits(case):
-        request = _request(case, limit)
-        found = partition_sp(request.model, request.chain_tree, request.num_devices, request.micro_batch_sizes, limit)
-        plans = [plans[0] for plans in found.values() if plans]
-        best = 1.0 if not plans else max(
-            request.model.stage_cost(s.ops, s.num_devices, s.micro_batch_size).tps_ms for s in plans[0])
-        chains, pars = build_tables(request.model, request.chain_tree)
-        search = Search(request.model, request.chain_tree, request.num_devices, case.micro_batch_size, limit,
-                        chains, pars)
+        request, search, best = _chain_search(case, limit)
         tables, info = search.tables, search.root
         for target in (math.inf, best * 2, best, best * 0.7, best * 0.3):
             whole = tables.fewest_degrees(info, target, np.array([1]))[0]
@@ -207,14 +213,7 @@ def test_the_bands_offers_are_the_tables_at_its_target(case: Case) -> None:
     without a binding memory limit, at targets from loose to tight (the plans the chain pass finds with them:
     `test_the_ceiling_search_finds_the_same_plans_without_the_floor`)."""
     for limit in _limits(case):
-        request = _request(case, limit)
-        found = partition_sp(request.model, request.chain_tree, request.num_devices, request.micro_batch_sizes, limit)
-        plans = [plans[0] for plans in found.values() if plans]
-        best = 1.0 if not plans else max(
-            request.model.stage_cost(s.ops, s.num_devices, s.micro_batch_size).tps_ms for s in plans[0])
-        chains, pars = build_tables(request.model, request.chain_tree)
-        search = Search(request.model, request.chain_tree, request.num_devices, case.micro_batch_size, limit,
-                        chains, pars)
+        _, search, best = _chain_search(case, limit)
         tables, info = search.tables, search.root
         for target in (best * 2, best, best * 0.7, best * 0.3):
             band = Band(tables, info, target, band_widths(tables, info, target))

@@ -16,6 +16,14 @@ from graphpipe.planner.stage_spec import StageSpec
 from tests.planner.random_sp_graphs import Case, cases
 
 
+def _sp_search(case: Case, limit: float) -> Search:
+    """A search on the case's SP tree at its micro-batch size, under `limit`."""
+    request = make_request(case.graph, case.costs, case.cluster, case.global_batch_size,
+                           micro_batch_sizes=[case.micro_batch_size], memory_limit=limit)
+    chains, pars = build_tables(request.model, request.sp_tree)
+    return Search(request.model, request.sp_tree, request.num_devices, case.micro_batch_size, limit, chains, pars)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(case=cases())
 def test_entry_needs_are_the_chain_dps_needs(case: Case) -> None:
@@ -26,11 +34,8 @@ def test_entry_needs_are_the_chain_dps_needs(case: Case) -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(probe, "FLOOR_ITEMS", 1)  # every chain long enough, so that the floors are checked on all
         for limit in (1e18, case.cluster.device.memory_bytes * 0.05):
-            request = make_request(case.graph, case.costs, case.cluster, case.global_batch_size,
-                                   micro_batch_sizes=[case.micro_batch_size], memory_limit=limit)
-            chains, pars = build_tables(request.model, request.sp_tree)
-            search = Search(request.model, request.sp_tree, request.num_devices, case.micro_batch_size, limit,
-                            chains, pars)
+            search = _sp_search(case, limit)
+            chains = search.chains
             for target in (math.inf, 1.0, 0.05):
                 read, solved = Probe(search, target), Probe(search, target)
                 for info in chains:
@@ -77,11 +82,8 @@ def test_stages_rebuilt_from_the_floors_are_the_dps(case: Case) -> None:
         patch.setattr(probe, "REBUILD_ITEMS", 1)
         patch.setattr(probe, "REBUILD_STAGES", math.inf)  # every plan, however many stages it has
         for limit in (1e18, case.cluster.device.memory_bytes * 0.05):
-            request = make_request(case.graph, case.costs, case.cluster, case.global_batch_size,
-                                   micro_batch_sizes=[case.micro_batch_size], memory_limit=limit)
-            chains, pars = build_tables(request.model, request.sp_tree)
-            search = Search(request.model, request.sp_tree, request.num_devices, case.micro_batch_size, limit,
-                            chains, pars)
+            search = _sp_search(case, limit)
+            chains = search.chains
             tables = search.tables
             for target in (math.inf, 1.0, 0.05):
                 read, solved = Probe(search, target), Probe(search, target)

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from graphpipe.planner.api import make_request
 from graphpipe.planner.sp_dp import Search, build_tables
-from graphpipe.planner.sp_dp.size_tables import fewest_degree, fewest_within, least_by_degree
+from graphpipe.planner.sp_dp.size_tables import SizeTables, fewest_degree, fewest_within, least_by_degree
+from graphpipe.planner.sp_dp.tables import ChainTables
 from tests.planner.random_sp_graphs import Case, cases
 
 
@@ -31,17 +32,22 @@ def test_fewest_within_is_the_first_degree_that_meets_the_target(seed: int) -> N
         assert fewest_within(least, target, degrees).tolist() == expected.tolist(), target
 
 
+def _tables(case: Case, limit: float) -> tuple[ChainTables, SizeTables]:
+    """The case's SP tree's chains and its micro-batch size's tables, under `limit`."""
+    request = make_request(case.graph, case.costs, case.cluster, case.global_batch_size,
+                           micro_batch_sizes=[case.micro_batch_size], memory_limit=limit)
+    chains, pars = build_tables(request.model, request.sp_tree)
+    return chains, Search(request.model, request.sp_tree, request.num_devices, case.micro_batch_size, limit,
+                          chains, pars).tables
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(case=cases())
 def test_one_count_reads_the_same_fewest_degrees_as_many(case: Case) -> None:
     """`SizeTables.fewest_degrees` at one count (from its kept least TPS) equals the same count among several (the
     mask over every degree), on every chain of the tree, with and without a binding memory limit."""
     for limit in (1e18, case.cluster.device.memory_bytes * 0.05):
-        request = make_request(case.graph, case.costs, case.cluster, case.global_batch_size,
-                               micro_batch_sizes=[case.micro_batch_size], memory_limit=limit)
-        chains, pars = build_tables(request.model, request.sp_tree)
-        tables = Search(request.model, request.sp_tree, request.num_devices, case.micro_batch_size, limit,
-                        chains, pars).tables
+        chains, tables = _tables(case, limit)
         counts = np.array([1, 2, tables.max_v])
         for info in chains:
             if not info.num_items:
@@ -60,11 +66,7 @@ def test_fewest_free_is_the_fewest_degrees_where_no_count_changes_them(case: Cas
     None, by that definition, whether it skips the comparison (memory never binds: every segment holds every count)
     or not; with no limit it always skips it."""
     for limit in (1e18, case.cluster.device.memory_bytes * 0.05):
-        request = make_request(case.graph, case.costs, case.cluster, case.global_batch_size,
-                               micro_batch_sizes=[case.micro_batch_size], memory_limit=limit)
-        chains, pars = build_tables(request.model, request.sp_tree)
-        tables = Search(request.model, request.sp_tree, request.num_devices, case.micro_batch_size, limit,
-                        chains, pars).tables
+        chains, tables = _tables(case, limit)
         for info in chains:
             if not info.num_items:
                 continue

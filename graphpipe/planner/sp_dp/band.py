@@ -140,7 +140,8 @@ class Band:
     def fewest(self) -> np.ndarray:
         """fewest[i, w]: the fewest degree on which segment [i, i + 1 + w) meets the target and holds its weights
         and one micro-batch, BIG where none does or past the chain's end: `SizeTables.fewest_degrees` at one
-        micro-batch in flight, the widest group first so that a smaller degree that also meets overwrites it."""
+        micro-batch in flight, the groups of larger degrees first so that a smaller degree that also meets
+        overwrites them."""
         fewest = np.full((self.info.num_items + 1, self.width), BIG, dtype=np.int64)
         for group in reversed(self.groups):
             meets = group.tps <= self.target

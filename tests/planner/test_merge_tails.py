@@ -21,6 +21,7 @@ from graphpipe.planner.sp_dp.merge_tails import (
     MergeTable,
     PrefixNeeds,
     block_steps,
+    extend_floors,
     merge_boundary,
     needs_after,
     prefix_floors,
@@ -146,6 +147,42 @@ def test_prefix_floors_follow_their_recurrence(seed: int) -> None:
     steps = {start: [(int(stop), int(rng.integers(1, 4)))] for start in range(size - 1) if rng.random() < 0.3
              for stop in [rng.integers(start + 1, size)]}
     assert prefix_floors(fewest, max_v, steps).tolist() == _floors_by_definition(fewest, max_v, steps)
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_extended_floors_are_the_longer_chains_floors(seed: int) -> None:
+    """`extend_floors` of a chain's floors and its appended item's segments is `prefix_floors` of the longer one."""
+    rng = np.random.default_rng(seed)
+    size, max_v = int(rng.integers(2, 12)), int(rng.integers(1, 8))
+    fewest = rng.integers(1, 5, size=(size, size))
+    fewest[rng.random((size, size)) < rng.random()] = BIG
+    shorter = prefix_floors(fewest[:-1, :-1], max_v)
+    assert extend_floors(shorter, fewest[:-1, -1]).tolist() == prefix_floors(fewest, max_v).tolist()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=cases(shapes=MERGING))
+def test_a_branch_with_its_join_extends_the_branchs_floors(case: Case) -> None:
+    """Each branch of a two-branch block with its join run appended shares the branch's segment costs
+    (`SizeTables.extends`), and its count-free floors built on the branch's are those of its own fewest degrees, or
+    None alike, with and without a binding memory limit, at targets from none to tight."""
+    for limit in (NO_LIMIT, _tight_limit(case)):
+        request = _request(case, limit)
+        chains, pars = build_tables(request.model, request.sp_tree)
+        search = Search(request.model, request.sp_tree, request.num_devices, case.micro_batch_size, limit,
+                        chains, pars)
+        for block in list(_merge_blocks(chains)):
+            for pos in (0, 1):
+                chain = chains.extended(block, pos, False, True)
+                assert chain.prefix_of is block.pinfo.branch_infos[pos]
+                assert search.tables.extends(chain)
+                for target in (math.inf, _middling_target(request), 0.01):
+                    solver = ForkJoinSolver(search.tables, target, search.shapes, search.merges)
+                    fewest = search.tables.fewest_free(chain, target)
+                    expected = None if fewest is None else prefix_floors(fewest, search.tables.max_v).tolist()
+                    found = solver.free_floors(chain)
+                    assert (None if found is None else found.tolist()) == expected, target
 
 
 def _tight_limit(case: Case) -> float:

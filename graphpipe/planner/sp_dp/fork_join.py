@@ -75,6 +75,7 @@ from graphpipe.planner.sp_dp.merge_tails import (
     PrefixNeeds,
     Step,
     block_steps,
+    extend_floors,
     held_floors,
     prefix_floors,
     shifted,
@@ -500,9 +501,22 @@ class ForkJoinSolver:
         count they hold at this target (`SizeTables.fewest_free`), at any count; None where they do. Memoised per
         chain: the merge stages' lane floors and the probe's entry needs (`Probe.entry_need`) read the same."""
         if chain.content not in self.free_memo:
-            fewest = self.tables.fewest_free(chain, self.target)
-            self.free_memo[chain.content] = None if fewest is None else prefix_floors(fewest, self.tables.max_v)
+            self.free_memo[chain.content] = self._free_floors(chain)
         return self.free_memo[chain.content]
+
+    def _free_floors(self, chain: ChainInfo) -> np.ndarray | None:
+        """`free_floors` computed: a branch with J appended (`SizeTables.extends`) adds one row to the branch's
+        floors, from its segments that end with J (`merge_tails.extend_floors`); either is count-free only where
+        both are. Any other chain from its fewest degrees."""
+        base = chain.prefix_of
+        if base is not None and self.tables.extends(chain):
+            floors = self.free_floors(base)
+            if floors is None:
+                return None
+            last = self.tables.fewest_free_last(chain, self.target)
+            return None if last is None else extend_floors(floors, last[:-1])
+        fewest = self.tables.fewest_free(chain, self.target)
+        return None if fewest is None else prefix_floors(fewest, self.tables.max_v)
 
     # ---- the fork's stage --------------------------------------------------------------------
     def _fork_stage(self, solver: ChainSolver, layout: Layout, shape: _Shape, k_lane: int, side: list[int],

@@ -361,6 +361,15 @@ class PrefixNeeds:
         return floor_needs(self.floors, np.arange(self.floors.shape[0]), k_after, num_devices)
 
 
+def extend_floors(floors: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """`prefix_floors` of a chain with one item appended, from the chain's own (`floors`, for every prefix of it) and
+    the fewest degree of each segment that ends with the new item (`last[i]` for [i, L + 1)): the new row at m stages
+    is the least of the row at m - 1 and of a last stage [i, L + 1) after a staging of [0, i) in m - 1."""
+    reached = np.minimum((floors[:, :-1] + last[:, None]).min(axis=0), BIG)
+    row = np.minimum.accumulate(np.concatenate(([BIG], reached)))
+    return np.vstack((floors, row[None, :]))
+
+
 def suffix_floors(fewest: np.ndarray, end: int, max_v: int) -> np.ndarray:
     """floor[s, m]: fewest devices staging items [s, end) in at most m stages, for s = 0 .. end: `prefix_floors` of
     the chain [0, end) read backwards (segment [i, j) of it is [end - j, end - i) of the reversed one)."""

@@ -156,6 +156,7 @@ class SizeTables:
         self._by_count: dict[int, list[list[tuple[int, float, int]]] | None] = {}
         self._least: dict[tuple[int, int], np.ndarray] = {}  # see `_fewest_holding`
         self._count_free: dict[int, bool] = {}  # see `fewest_free`
+        self._extends: dict[int, bool] = {}  # see `extends`
 
     def segment_rows(self, info: ChainInfo, start: int, d1: int,
                      target_ms: float) -> tuple[list[float], list[float], list[int]]:
@@ -405,6 +406,30 @@ class SizeTables:
             return one
         return one if np.array_equal(one, self._fewest_holding(info, self.max_v, target_ms)) else None
 
+    def extends(self, info: ChainInfo) -> bool:
+        """Whether `info` is its `prefix_of` chain with one item appended, its segments within that chain costing the
+        same to the last bit on every degree (TPS, most in flight, fits), so that the two share their floors over
+        them (`ForkJoinSolver.free_floors`). Checked once per chain and size."""
+        base = info.prefix_of
+        if base is None:
+            return False
+        same = self._extends.get(info.content)
+        if same is None:
+            size = base.num_items + 1
+            mine, theirs = self._table(info)[1:], self._table(base)[1:]
+            same = self._extends[info.content] = all(
+                np.array_equal(part[:, :size, :size], other) for part, other in zip(mine, theirs))
+        return same
+
+    def fewest_free_last(self, info: ChainInfo, target_ms: float) -> np.ndarray | None:
+        """`fewest_free` of the segments that end at the chain's last stop only, per start: the column that
+        `extends` leaves to compute (None where a count changes one of them)."""
+        one = fewest_within(self._least_holding(info, 1)[:, :, -1], target_ms, self.degrees)
+        if self._holds_every_count(info):
+            return one
+        most = fewest_within(self._least_holding(info, self.max_v)[:, :, -1], target_ms, self.degrees)
+        return one if np.array_equal(one, most) else None
+
     def _holds_every_count(self, info: ChainInfo) -> bool:
         """Every segment on every degree that fits and holds one micro-batch holds `max_v` (cached per chain): then
         its fewest degrees are the same at every count and target."""
@@ -419,6 +444,10 @@ class SizeTables:
         """`fewest_degrees` at one count, for any target, from one table per (chain, count) built once: per degree
         d, the least TPS over the degrees up to d that fit and hold `held` (`least_by_degree`, read by
         `fewest_within`). The floors read a count per probe, each at its own target."""
+        return fewest_within(self._least_holding(info, held), target_ms, self.degrees)
+
+    def _least_holding(self, info: ChainInfo, held: int) -> np.ndarray:
+        """`least_by_degree` of the chain's segments that fit and hold `held`, built once per chain and count."""
         key = (info.content, held)
         least = self._least.get(key)
         if least is None:
@@ -426,4 +455,4 @@ class SizeTables:
             usable = k_max >= held
             usable &= fits
             least = self._least[key] = least_by_degree(tps, usable)
-        return fewest_within(least, target_ms, self.degrees)
+        return least

@@ -93,6 +93,7 @@ class ChainInfo:
             self.next_parallel[idx] = idx if is_par else self.next_parallel[idx + 1]
         self.has_parallel = self.next_parallel[0] < self.num_items
         self._blocks: dict[int, Block | None] = {}
+        self.prefix_of: ChainInfo | None = None  # a chain whose items are this one's but the last (`extended`)
         self.param_array = np.array(prefix, dtype=float)
 
     def share_with(self, twin: ChainInfo) -> None:
@@ -511,6 +512,8 @@ class ChainTables:
             items = ((fork,) if fork else ()) + branch.chain.items + ((join,) if join else ())
             pars = ((None,) if fork else ()) + branch.par_infos + ((None,) if join else ())
             hit = self._extended[key] = self._add(SPChain(items=items), pars)
+            if not fork:
+                hit.prefix_of = branch  # the branch with J appended: its floors extend the branch's
         return hit
 
 

@@ -137,13 +137,20 @@ def _floors_by_definition(fewest: np.ndarray, max_v: int, steps: dict[int, list[
     return [[floor[m][j] for m in range(max_v + 1)] for j in range(size)]
 
 
+def _random_fewest(rng: np.random.Generator, shortest: int) -> tuple[np.ndarray, int]:
+    """A random segment table of fewest degrees (BIG where none meets) of `shortest` to 11 stops, and a max_v."""
+    size = int(rng.integers(shortest, 12))
+    fewest = rng.integers(1, 5, size=(size, size))
+    fewest[rng.random((size, size)) < rng.random()] = BIG
+    return fewest, int(rng.integers(1, 8))
+
+
 @settings(max_examples=200, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_prefix_floors_follow_their_recurrence(seed: int) -> None:
     rng = np.random.default_rng(seed)
-    size, max_v = int(rng.integers(1, 12)), int(rng.integers(1, 8))
-    fewest = rng.integers(1, 5, size=(size, size))
-    fewest[rng.random((size, size)) < rng.random()] = BIG
+    fewest, max_v = _random_fewest(rng, 1)
+    size = len(fewest)
     steps = {start: [(int(stop), int(rng.integers(1, 4)))] for start in range(size - 1) if rng.random() < 0.3
              for stop in [rng.integers(start + 1, size)]}
     assert prefix_floors(fewest, max_v, steps).tolist() == _floors_by_definition(fewest, max_v, steps)
@@ -153,10 +160,7 @@ def test_prefix_floors_follow_their_recurrence(seed: int) -> None:
 @given(seed=st.integers(0, 2**32 - 1))
 def test_extended_floors_are_the_longer_chains_floors(seed: int) -> None:
     """`extend_floors` of a chain's floors and its appended item's segments is `prefix_floors` of the longer one."""
-    rng = np.random.default_rng(seed)
-    size, max_v = int(rng.integers(2, 12)), int(rng.integers(1, 8))
-    fewest = rng.integers(1, 5, size=(size, size))
-    fewest[rng.random((size, size)) < rng.random()] = BIG
+    fewest, max_v = _random_fewest(np.random.default_rng(seed), 2)
     shorter = prefix_floors(fewest[:-1, :-1], max_v)
     assert extend_floors(shorter, fewest[:-1, -1]).tolist() == prefix_floors(fewest, max_v).tolist()
 

@@ -156,7 +156,7 @@ class SizeTables:
         self._by_count: dict[int, list[list[tuple[int, float, int]]] | None] = {}
         self._least: dict[tuple[int, int], np.ndarray] = {}  # see `_fewest_holding`
         self._count_free: dict[int, bool] = {}  # see `fewest_free`
-        self._extends: dict[int, bool] = {}  # see `extends`
+        self._extends: dict[tuple[int, int], bool] = {}  # see `extends`
 
     def segment_rows(self, info: ChainInfo, start: int, d1: int,
                      target_ms: float) -> tuple[list[float], list[float], list[int]]:
@@ -409,15 +409,16 @@ class SizeTables:
     def extends(self, info: ChainInfo) -> bool:
         """Whether `info` is its `prefix_of` chain with one item appended, its segments within that chain costing the
         same to the last bit on every degree (TPS, most in flight, fits), so that the two share their floors over
-        them (`ForkJoinSolver.free_floors`). Checked once per chain and size."""
+        them (`ForkJoinSolver.free_floors`). Checked once per pair of chains and size."""
         base = info.prefix_of
         if base is None:
             return False
-        same = self._extends.get(info.content)
+        key = (info.content, base.content)
+        same = self._extends.get(key)
         if same is None:
             size = base.num_items + 1
             mine, theirs = self._table(info)[1:], self._table(base)[1:]
-            same = self._extends[info.content] = all(
+            same = self._extends[key] = all(
                 np.array_equal(part[:, :size, :size], other) for part, other in zip(mine, theirs))
         return same
 

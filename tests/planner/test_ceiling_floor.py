@@ -26,7 +26,6 @@ from graphpipe.planner.sp_dp.band import (
     band_widths,
     chain_band,
     chain_floor,
-    fewest_in_band,
     least_staging_in_band,
 )
 from graphpipe.planner.sp_dp.blocks import BIG
@@ -114,7 +113,7 @@ def test_the_band_is_the_tables_segments_within_the_target(case: Case) -> None:
         for target in (math.inf, best * 2, best, best * 0.7, best * 0.3):
             whole = tables.fewest_degrees(info, target, np.array([1]))[0]
             widths = band_widths(tables, info, target)
-            band = fewest_in_band(tables, info, target, widths)
+            band = Band(tables, info, target, widths).fewest()
             width = max(widths)
             assert band.shape == (info.num_items + 1, width)
             for start in range(info.num_items + 1):
@@ -177,7 +176,7 @@ def test_band_groups_are_runs_of_degrees_at_the_least_cost(widths: list[int], si
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(case=cases())
 def test_the_band_is_the_same_however_the_degrees_are_grouped(case: Case) -> None:
-    """`fewest_in_band` gives the same fewest degrees with one pass for all degrees and with a pass per degree."""
+    """`Band.fewest` gives the same fewest degrees with one pass for all degrees and with a pass per degree."""
     request = _request(case, case.cluster.device.memory_bytes)
     chains, pars = build_tables(request.model, request.chain_tree)
     search = Search(request.model, request.chain_tree, request.num_devices, case.micro_batch_size,
@@ -189,7 +188,7 @@ def test_the_band_is_the_same_however_the_degrees_are_grouped(case: Case) -> Non
         found = []
         for grouping in (lambda d, w, n: [(d, max(w))], lambda d, w, n: [((d1,), x) for d1, x in zip(d, w)]):
             with mock.patch.object(band, "_band_groups", grouping):
-                found.append(fewest_in_band(tables, info, target, widths))
+                found.append(Band(tables, info, target, widths).fewest())
         assert (found[0] == found[1]).all(), target
 
 

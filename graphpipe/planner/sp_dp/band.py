@@ -5,7 +5,7 @@ A segment's TPS is at least its compute per sample plus its all-reduce per sampl
 them), and both only grow with the stop, so from each start only the stops up to the last where they are
 within the target on a degree can meet it on that degree: W_d stops per start on degree d, far fewer than
 the chain's length on a long chain and a tight target (a long segment meets a target only on many devices,
-and on many its weights' all-reduce is long). `fewest_in_band` evaluates the segment table's formulas
+and on many its weights' all-reduce is long). `Band` evaluates the segment table's formulas
 (`SizeTables.segment_costs`, shared with the table) on each degree's band only, so every number is the
 table's;
 `least_staging_in_band` is the least staging over those segments (the others meet nothing), which
@@ -30,7 +30,7 @@ from graphpipe.planner.stage_cost import all_reduce_link
 
 MARGIN = 1e-6  # relative, on the band's edge: a segment the rounding might let in is kept and evaluated
 NARROW = 0.5  # the largest band, as a share of the segment table's cells, read as a band (`chain_floor`)
-PASS_CELLS = 4000  # numpy's fixed work in one pass of `fewest_in_band`, in cells (measured: about 50 us a pass)
+PASS_CELLS = 4000  # numpy's fixed work in one pass of `Band`'s evaluation, in cells (measured: about 50 us a pass)
 
 
 def band_widths(tables: SizeTables, info: ChainInfo, target_ms: float) -> list[int]:
@@ -187,11 +187,6 @@ class Band:
         until[within] = np.minimum(until.take(within), found)
 
 
-def fewest_in_band(tables: SizeTables, info: ChainInfo, target_ms: float, widths: list[int]) -> np.ndarray:
-    """`Band.fewest` of the chain's band at `target_ms` with these widths (`band_widths`)."""
-    return Band(tables, info, target_ms, widths).fewest()
-
-
 def _band_groups(degrees: tuple[int, ...], widths: list[int], size: int) -> list[tuple[tuple[int, ...], int]]:
     """The degrees evaluated together and their common width (the widest of theirs): runs of consecutive degrees,
     chosen to cost the least, each pass costing PASS_CELLS cells of numpy's fixed work plus its cells (degrees x
@@ -214,7 +209,7 @@ def _band_groups(degrees: tuple[int, ...], widths: list[int], size: int) -> list
 
 def least_staging_in_band(fewest: np.ndarray) -> int:
     """The fewest devices staging the whole chain in any number of stages, each on its segment's fewest degree,
-    from its band (`fewest_in_band`; BIG where none): the shortest path through the stops, each stop j reached
+    from its band (`Band.fewest`; BIG where none): the shortest path through the stops, each stop j reached
     from the band's starts j - 1 - w at their least plus fewest[j - 1 - w, w]. One pass over the stops, where
     `merge_tails.prefix_floors` takes one over the band per stage count (up to `max_v` on a long chain)."""
     size, width = fewest.shape

@@ -284,6 +284,7 @@ class ForkJoinSolver:
         self.merges = merges
         self.floor_memo: dict[tuple[int, int], np.ndarray] = {}  # per chain content and k_after (`_lane_floors`)
         self.free_memo: dict[int, np.ndarray | None] = {}  # per chain content (`free_floors`)
+        self.fewest_memo: dict[int, np.ndarray | None] = {}  # per chain content (`free_fewest`)
         self.held_memo: dict[int, PrefixNeeds | None] = {}  # per chain content (`_lane_needs`)
         self.needs_memo: dict[tuple[int, int], np.ndarray] = {}  # per chain content and k_after (`_needs`)
         self.steps_memo: dict[int, dict[int, list[Step]]] = {}  # per chain content, `merge_tails.block_steps`
@@ -515,8 +516,15 @@ class ForkJoinSolver:
                 return None
             last = self.tables.fewest_free_last(chain, self.target)
             return None if last is None else extend_floors(floors, last[:-1])
-        fewest = self.tables.fewest_free(chain, self.target)
+        fewest = self.free_fewest(chain)
         return None if fewest is None else prefix_floors(fewest, self.tables.max_v)
+
+    def free_fewest(self, chain: ChainInfo) -> np.ndarray | None:
+        """`SizeTables.fewest_free` at this target, memoised per chain: the floors and a rebuild from them
+        (`Probe._emit_from_floors`) read the same."""
+        if chain.content not in self.fewest_memo:
+            self.fewest_memo[chain.content] = self.tables.fewest_free(chain, self.target)
+        return self.fewest_memo[chain.content]
 
     # ---- the fork's stage --------------------------------------------------------------------
     def _fork_stage(self, solver: ChainSolver, layout: Layout, shape: _Shape, k_lane: int, side: list[int],

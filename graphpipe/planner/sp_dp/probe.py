@@ -512,8 +512,8 @@ class Probe:
         """The breakpoints of every suffix's need vector, read off the suffix floors (past `end`: none, as the DP's
         rows are infeasible there)."""
         t = self.tables
-        fewest = t.fewest_free(info, self.target)
-        assert fewest is not None  # `_floors` read the same
+        fewest = self.blocks.free_fewest(info)
+        assert fewest is not None  # count-free, as `_floors` found
         needs = floor_needs(suffix_floors(fewest, end, t.max_v), np.arange(end + 1), k_after, t.num_devices)
         breaks = feasible_breakpoints_of_rows(needs, t.num_devices) + [[] for _ in range(info.num_items - end)]
         return _FloorRows(breaks, [found[-1][1] if found else BIG for found in breaks], {})

@@ -1,6 +1,6 @@
-"""Merge stages, every pair of tails at once (`sp_dp.merge_tails`): the boundary matrices are the graph's
-traffic, the prefix floors never exceed the DP's need (and equal it where memory does not bind), the prefix needs
-are the DP's, and pruning merge layouts by their floors or writing them from the needs at once changes no plan."""
+"""Merge stages, every pair of tails at once (`sp_dp.merge_tails`): the prefix floors never exceed the DP's need
+(and equal it where memory does not bind), the prefix needs are the DP's, and pruning merge layouts by their floors
+or writing them from the needs at once changes no plan."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from graphpipe.planner.sp_dp.merge_tails import (
     PrefixNeeds,
     block_steps,
     extend_floors,
-    merge_boundary,
     needs_after,
     prefix_floors,
     prefix_needs,
@@ -37,33 +36,17 @@ NO_LIMIT = 1e18
 MERGING = ("two_branch", "fork_join", "nested")  # the shapes with two-branch blocks and a join run
 
 
-def _request(case: Case, limit: float) -> PlanRequest:
+def request_for(case: Case, limit: float) -> PlanRequest:
     return make_request(case.graph, case.costs, case.cluster, case.global_batch_size,
                         micro_batch_sizes=[case.micro_batch_size], memory_limit=limit)
 
 
-def _merge_blocks(chains: ChainTables) -> Iterator[Block]:
+def merge_blocks(chains: ChainTables) -> Iterator[Block]:
     for info in list(chains):
         for start in range(info.num_items):
             block = info.fork_join(start)
             if block is not None and block.join is not None and block.num_branches == MERGE_BRANCHES:
                 yield block
-
-
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(case=cases(shapes=MERGING))
-def test_boundary_matrices_are_the_graphs_traffic(case: Case) -> None:
-    request = _request(case, NO_LIMIT)
-    chains, _ = build_tables(request.model, request.sp_tree)
-    for block in _merge_blocks(chains):
-        assert block.join is not None
-        first, second = block.pinfo.branch_infos
-        messages, num_bytes = merge_boundary(block.pinfo, block.join.ops)
-        for t0 in range(first.num_items):
-            for t1 in range(second.num_items):
-                ops = block.pinfo.merge_ops(block.join.ops, first.num_items - 1 - t0, second.num_items - 1 - t1)
-                expected = request.model.boundary(ops)
-                assert (messages[t0, t1], num_bytes[t0, t1]) == pytest.approx(expected), (t0, t1, ops)
 
 
 def _probe(request: PlanRequest, target_ms: float) -> Probe:
@@ -89,7 +72,7 @@ def test_prefix_floors_bound_the_need_and_equal_it_without_a_memory_limit(case: 
     floors where no count depends on memory, as with no limit) give the need itself; on chains with parallel items
     (blocks stepped over on their least work), floor <= need."""
     for limit, equal in ((NO_LIMIT, True), (_tight_limit(case), False)):
-        request = _request(case, limit)
+        request = request_for(case, limit)
         for target in (math.inf, _middling_target(request)):
             probe = _probe(request, target)
             for info in _leaf_chains(probe):
@@ -172,11 +155,11 @@ def test_a_branch_with_its_join_extends_the_branchs_floors(case: Case) -> None:
     (`SizeTables.extends`), and its count-free floors built on the branch's are those of its own fewest degrees, or
     None alike, with and without a binding memory limit, at targets from none to tight."""
     for limit in (NO_LIMIT, _tight_limit(case)):
-        request = _request(case, limit)
+        request = request_for(case, limit)
         chains, pars = build_tables(request.model, request.sp_tree)
         search = Search(request.model, request.sp_tree, request.num_devices, case.micro_batch_size, limit,
                         chains, pars)
-        for block in list(_merge_blocks(chains)):
+        for block in list(merge_blocks(chains)):
             for pos in (0, 1):
                 chain = chains.extended(block, pos, False, True)
                 assert chain.prefix_of is block.pinfo.branch_infos[pos]
@@ -238,11 +221,11 @@ def test_merge_stage_devices_are_the_fewest_degree_that_meets_the_target(case: C
     """`MergeTable.devices` (read from the least TPS per degree, kept between probes) is, on every pair, the fewest
     degree whose TPS meets the target and that holds k_side, where both tails fit alone and together."""
     for limit in (NO_LIMIT, _tight_limit(case)):
-        probe = _probe(_request(case, limit), math.inf)
-        for block in _merge_blocks(probe.host.shapes.chains):
+        probe = _probe(request_for(case, limit), math.inf)
+        for block in merge_blocks(probe.host.shapes.chains):
             assert block.join is not None
             table = MergeTable(probe.tables, block.pinfo, block.join.ops)
-            for target in (math.inf, _middling_target(_request(case, limit)), 1e-9):
+            for target in (math.inf, _middling_target(request_for(case, limit)), 1e-9):
                 for k_side in (1, 2, probe.tables.max_v):
                     found = table.devices(target, k_side)
                     if found is None:
@@ -290,6 +273,19 @@ def test_tails_left_out_have_no_pair_below_the_room(seed: int, fork: bool) -> No
 
 
 def _plans(case: Case, limit: float) -> dict[int, list[list[StageSpec]]]:
-    request = _request(case, limit)  # fresh tables and memo
+    request = request_for(case, limit)  # fresh tables and memo
     return partition_sp(request.model, request.sp_tree, request.num_devices, request.micro_batch_sizes,
                         request.memory_limit, every_size=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 6), counts=st.integers(1, 8), k_after=st.integers(0, 9), seed=st.integers(0, 2**16))
+def test_fewer_cells_are_the_first_cells(rows: int, counts: int, k_after: int, seed: int) -> None:
+    """`shifted` on the cells below `cells` only reads the stage counts below cells - k_after: the cells it gives
+    are those of the whole table, so a rebuild that needs only the cells below v builds only as many counts."""
+    floors = np.random.default_rng(seed).integers(0, 9, size=(rows, counts))
+    ends = np.arange(rows)
+    whole = shifted(floors, ends, k_after)
+    for cells in range(counts + 1):
+        short = shifted(floors[:, :max(cells - k_after, 0)], ends, k_after, cells)
+        np.testing.assert_array_equal(short, whole[:, :cells])

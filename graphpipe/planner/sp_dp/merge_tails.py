@@ -7,11 +7,7 @@ betters the block's vector: on the op-level case study, 3 pairs of 22,528 did. H
 numbered t = n - 1 - s (shortest first, the order the DP tries them) and everything is a numpy
 matrix over the pairs (t_0, t_1):
 
-- `merge_boundary`: M's traffic, messages and bytes per sample. A tensor is received by M when
-  its producer is outside and a consumer inside, sent when the reverse; whether an op is inside
-  depends on one cut only (its branch's), so each tensor's indicator is a union of one-cut
-  conditions, laid down by broadcasting (a row, a column or, for a tensor read by both
-  branches, a matrix).
+- `merge_boundary` (its own module): M's traffic, messages and bytes per sample, on every pair.
 - `MergeTable` (one size): M's TPS and most micro-batches in flight per degree and pair, then,
   per probe, the tails that meet the target and fit alone (`fork_join`'s docstring) and M's
   fewest devices on every pair (`MergeTable.devices`).
@@ -42,90 +38,16 @@ lanes' needs from `PrefixNeeds` and writes the block's vector from all pairs at 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
 
 from graphpipe.cost.formulas.communication import p2p_ms_array, ring_all_reduce_ms_array
 from graphpipe.cost.formulas.memory import OPTIMIZER_STATE_FACTOR, max_in_flight_micro_batches_array
 from graphpipe.planner.sp_dp.blocks import BIG
+from graphpipe.planner.sp_dp.merge_boundary import merge_boundary
 from graphpipe.planner.sp_dp.size_tables import SizeTables, fewest_within, least_by_degree
 from graphpipe.planner.sp_dp.tables import ChainInfo, ParInfo
 from graphpipe.planner.stage_cost import all_reduce_link
-
-Cut = np.ndarray | bool  # a condition on the cuts: a column (n_0 x 1, branch 0's), a row (1 x n_1) or a constant
-
-
-def merge_boundary(pinfo: ParInfo, join_ops: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """(messages, bytes per sample) across M's boundary for every pair of tails (t_0, t_1), as n_0 x n_1
-    matrices: `CostModel.boundary` of `ParInfo.merge_ops` on every pair. Cached on `pinfo`: every micro-batch
-    size reads the same."""
-    hit = pinfo.merge_boundaries.get(join_ops)
-    if hit is None:
-        hit = pinfo.merge_boundaries[join_ops] = _merge_boundary(pinfo, join_ops)
-    return hit
-
-
-def _merge_boundary(pinfo: ParInfo, join_ops: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Per producer: its own side of the cut, and whether a consumer is on the other. An op of branch b at
-    item i is inside from tail n_b - 1 - i on (its `first`), so "some consumer of branch b inside" is
-    t_b >= the least first among them, "some outside" t_b < the greatest; J is always inside, anything
-    else always outside. Each condition is a column (branch 0's cut), a row (branch 1's) or a constant,
-    summed apart and broadcast once at the end."""
-    model = pinfo.model
-    first: dict[str, tuple[int, int]] = {}  # op -> (branch, tail t from which it is inside)
-    for pos, info in enumerate(pinfo.branch_infos):
-        for item, ops in enumerate(info.item_ops):
-            for op in ops:
-                first[op] = (pos, info.num_items - 1 - item)
-    joins = set(join_ops)
-    cuts = (np.arange(pinfo.branch_infos[0].num_items)[:, None], np.arange(pinfo.branch_infos[1].num_items)[None, :])
-    producers = dict.fromkeys([*first, *join_ops])
-    for op in list(producers):
-        producers.update(dict.fromkeys(model.preds[op]))
-    shape = (len(cuts[0]), len(cuts[1][0]))
-    totals = {kind: (np.zeros(size), np.zeros(size)) for kind, size in
-              (("col", (shape[0], 1)), ("row", (1, shape[1])), ("both", shape), ("const", ()))}
-    for producer in producers:
-        crossing = _crossing(producer, first, joins, model.succs[producer], cuts)
-        if crossing is False:
-            continue
-        kind = "const" if crossing is True else "both" if crossing.shape == shape else \
-            "col" if crossing.shape[1] == 1 else "row"
-        messages, num_bytes = totals[kind]
-        messages += crossing
-        num_bytes += np.multiply(crossing, model.out_bytes_per_sample[producer])
-    messages, num_bytes = (sum(parts[idx] for parts in totals.values()) + np.zeros(shape) for idx in (0, 1))
-    return messages, num_bytes
-
-
-def _crossing(producer: str, first: dict[str, tuple[int, int]], joins: set[str], consumers: Sequence[str],
-              cuts: tuple[np.ndarray, np.ndarray]) -> Cut:
-    """Where `producer`'s tensor crosses M's boundary (module docstring), as a condition on the cuts."""
-    least, most = [-1, -1], [-1, -1]  # per branch, the least and the greatest first of a consumer there
-    in_join = elsewhere = False
-    for consumer in consumers:
-        if consumer in joins:
-            in_join = True
-        elif consumer in first:
-            pos, at = first[consumer]
-            least[pos] = at if least[pos] < 0 else min(least[pos], at)
-            most[pos] = max(most[pos], at)
-        else:
-            elsewhere = True
-    some_in: Cut = in_join
-    some_out: Cut = elsewhere
-    for pos in (0, 1):
-        if least[pos] >= 0:
-            some_in = some_in | (cuts[pos] >= least[pos])
-            some_out = some_out | (cuts[pos] < most[pos])
-    if producer in joins:
-        return some_out
-    if producer not in first:
-        return some_in
-    pos, at = first[producer]
-    mine = cuts[pos] >= at
-    return (mine & some_out) | (~mine & some_in)
 
 
 class MergeTable:
@@ -280,12 +202,14 @@ def block_steps(tables: SizeTables, info: ChainInfo, target_ms: float) -> dict[i
     return steps
 
 
-def shifted(floors: np.ndarray, ends: np.ndarray, k_after: int) -> np.ndarray:
+def shifted(floors: np.ndarray, ends: np.ndarray, k_after: int, cells: int | None = None) -> np.ndarray:
     """Per end e, the floor of prefix [0, e)'s need vector given k_after after it: floors[e, v - k_after]
-    (BIG for v < k_after: nothing holds fewer than what follows it)."""
-    out = np.full((len(ends), floors.shape[1]), BIG, dtype=np.int64)
-    if k_after < floors.shape[1]:
-        out[:, k_after:] = floors[ends, :floors.shape[1] - k_after]
+    (BIG for v < k_after: nothing holds fewer than what follows it), for v below `cells` (by default as many as
+    the floors have stage counts; else the floors must have at least cells - k_after)."""
+    cells = floors.shape[1] if cells is None else cells
+    out = np.full((len(ends), cells), BIG, dtype=np.int64)
+    if k_after < cells:
+        out[:, k_after:] = floors[ends, :cells - k_after]
     return out
 
 
@@ -377,10 +301,12 @@ def suffix_floors(fewest: np.ndarray, end: int, max_v: int) -> np.ndarray:
     return np.ascontiguousarray(prefix_floors(part[::-1, ::-1].T, max_v)[::-1])
 
 
-def floor_needs(floors: np.ndarray, ends: np.ndarray, k_after: int, num_devices: int) -> np.ndarray:
+def floor_needs(floors: np.ndarray, ends: np.ndarray, k_after: int, num_devices: int,
+                cells: int | None = None) -> np.ndarray:
     """Per end, the need vector of prefix [0, end) followed by k_after in flight, from count-free floors (which
-    are then the needs, `PrefixNeeds`): the floor at v - k_after, infeasible above the devices."""
-    needs = shifted(floors, ends, k_after)
+    are then the needs, `PrefixNeeds`): the floor at v - k_after, infeasible above the devices (`cells`: as in
+    `shifted`)."""
+    needs = shifted(floors, ends, k_after, cells)
     needs[needs > num_devices] = BIG
     return needs
 

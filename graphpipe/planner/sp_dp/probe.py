@@ -80,9 +80,10 @@ REBUILD_STAGES = 0.5  # the most stages, per item, a plan rebuilt from floors ma
 
 @dataclass(slots=True)
 class _FloorRows:
-    """A chain's rows rebuilt from its suffix floors (`Probe._emit_from_floors`): every suffix's feasible
-    breakpoints and fewest devices, and the choices of the rows built so far, by start."""
+    """A chain's rows rebuilt from its suffix floors (`Probe._emit_from_floors`), cells 0 to v: every suffix's
+    feasible breakpoints below v and fewest devices there, and the choices of the rows built so far, by start."""
 
+    v: int
     breaks: list[list[tuple[int, int]]]
     least: list[int]
     chosen: dict[int, list[ChainChoice | None]]
@@ -112,7 +113,7 @@ class Probe:
         self.par_memo: dict[tuple[int, int, bool], ParSol] = {}  # (parallel block, k_after, prefixes)
         self.joined_memo: dict[tuple[int, tuple[str, ...], int], JoinedSol] = {}  # (parallel block, join ops, k_after)
         self.entry_memo: dict[tuple[int, int, int], list[int]] = {}  # (chain's content, k_after, end)
-        self.floor_rows_memo: dict[tuple[int, int, int], _FloorRows] = {}  # (chain's content, k_after, end)
+        self.floor_rows_memo: dict[tuple[int, int, int, int], _FloorRows] = {}  # (chain's content, k_after, end, v)
         self.blocks = ForkJoinSolver(self.tables, target_ms, host.shapes, host.merges)
 
     @property
@@ -485,17 +486,20 @@ class Probe:
         (`merge_tails.suffix_floors`) as the entry need is its prefix floor, so the rows of the starts the plan
         visits are the DP's rows, written by the DP's own steps (`_segment_keys`, `write_segments`, `settle`)
         from those needs: the same choices, one row per stage instead of one per item, each kept for the chain's
-        twins (`_FloorRows`). False (nothing emitted) where the floors are not the needs, the chain is shorter
-        than REBUILD_ITEMS, or the plan may have more stages than REBUILD_STAGES of its items (v - k_after bounds
-        them): there the DP's rows cost no more."""
+        twins (`_FloorRows`). Only the cells up to the entry's v are built: v only falls along the stages (a
+        choice at cell v leaves u < v to the rest), a row's cell v reads the rest's cells below v only, and
+        settling is a pass upwards, so these cells and their choices are the full rows' (and the suffix floors
+        need only v - k_after stages). False (nothing emitted) where the floors are not the needs, the chain is
+        shorter than REBUILD_ITEMS, or the plan may have more stages than REBUILD_STAGES of its items (v - k_after
+        bounds them): there the DP's rows cost no more."""
         if info.has_parallel or info.num_items < REBUILD_ITEMS or v - k_after > REBUILD_STAGES * (end - start):
             return False
-        key = (info.content, k_after, end)
+        key = (info.content, k_after, end, v)
         rows = self.floor_rows_memo.get(key)
         if rows is None:
             if self._floors(info) is None:
                 return False
-            rows = self.floor_rows_memo[key] = self._floor_rows(info, k_after, end)
+            rows = self.floor_rows_memo[key] = self._floor_rows(info, k_after, end, v)
         size = self.tables.micro_batch_size
         while start < end:
             picked = rows.chosen.get(start)
@@ -508,23 +512,24 @@ class Probe:
             start, v = stop, u
         return True
 
-    def _floor_rows(self, info: ChainInfo, k_after: int, end: int) -> _FloorRows:
-        """The breakpoints of every suffix's need vector, read off the suffix floors (past `end`: none, as the DP's
-        rows are infeasible there)."""
+    def _floor_rows(self, info: ChainInfo, k_after: int, end: int, v: int) -> _FloorRows:
+        """The breakpoints of every suffix's need vector at the cells below v, read off the suffix floors (past
+        `end`: none, as the DP's rows are infeasible there)."""
         t = self.tables
         fewest = self.blocks.free_fewest(info)
         assert fewest is not None  # count-free, as `_floors` found
-        needs = floor_needs(suffix_floors(fewest, end, t.max_v), np.arange(end + 1), k_after, t.num_devices)
+        floors = suffix_floors(fewest, end, v - 1 - k_after)
+        needs = floor_needs(floors, np.arange(end + 1), k_after, t.num_devices, cells=v)
         breaks = feasible_breakpoints_of_rows(needs, t.num_devices) + [[] for _ in range(info.num_items - end)]
-        return _FloorRows(breaks, [found[-1][1] if found else BIG for found in breaks], {})
+        return _FloorRows(v, breaks, [found[-1][1] if found else BIG for found in breaks], {})
 
     def _floor_row(self, info: ChainInfo, rows: _FloorRows, start: int) -> list[ChainChoice | None]:
-        """The choices of the DP's row at `start`, from the suffixes' needs (`_FloorRows`)."""
-        max_v = self.tables.max_v
+        """The choices of the DP's row at `start`, cells 0 to `rows.v`, from the suffixes' needs (`_FloorRows`)."""
+        cells = rows.v + 1
         offers = self.host.offers(info, self.target)
-        row: list[int] = [BIG] * (max_v + 1)
-        chosen: list[ChainChoice | None] = [None] * (max_v + 1)
-        best = self._segment_keys(offers, start, rows.breaks, rows.least, max_v + 1)
+        row: list[int] = [BIG] * cells
+        chosen: list[ChainChoice | None] = [None] * cells
+        best = self._segment_keys(offers, start, rows.breaks, rows.least, rows.v)
         if best is not None:
             write_segments(best, offers.span, offers.unit, row, chosen)
         settle(row, chosen, self.tables.num_devices)

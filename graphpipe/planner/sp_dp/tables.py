@@ -157,12 +157,12 @@ class ChainInfo:
         return tuple(out)
 
     def exact_traffic(self) -> bool:
-        """Every partial sum of the bytes the chain's boundaries carry is exact in floating point (`_exact_sums`
+        """Every partial sum of the bytes the chain's boundaries carry is exact in floating point (`exact_sums`
         over the outputs of its ops and of the producers it reads), so any order of adding them is the same."""
         size = self.model.out_bytes_per_sample
         tensors = {op for ops in self.item_ops for op in ops}
         tensors.update(pred for op in list(tensors) for pred in self.model.preds[op])
-        return _exact_sums([size[op] for op in tensors])
+        return exact_sums([size[op] for op in tensors])
 
     def boundary_matrix(self) -> tuple[np.ndarray, np.ndarray]:
         """(messages, bytes per sample) of every segment [i, j) as (L + 1) x (L + 1) arrays (j > i)."""
@@ -217,16 +217,26 @@ def boundary_rectangles(info: ChainInfo) -> tuple[np.ndarray, np.ndarray] | None
     if not _topological(info, pos):
         return None
     rects = _recv_rects(info, pos) + _send_rects(info, pos)
-    if not _exact_sums([rect[4] for rect in rects]):
+    if not exact_sums([rect[4] for rect in rects]):
         return None
-    size = info.num_items + 2
-    r0, r1, c0, c1, weight = np.array(rects, dtype=float).reshape(-1, 5).T
-    flat = np.concatenate([r0 * size + c0, r0 * size + c1 + 1, (r1 + 1) * size + c0, (r1 + 1) * size + c1 + 1])
-    sign = np.repeat([1.0, -1.0, -1.0, 1.0], len(rects))
-    corners = [np.bincount(flat.astype(np.int64), weights=w, minlength=size * size).astype(float, copy=False)
-               .reshape(size, size) for w in (sign, sign * np.tile(weight, 4))]
-    messages, num_bytes = (c.cumsum(axis=0).cumsum(axis=1)[:-1, :-1] for c in corners)
-    return messages, num_bytes
+    side = info.num_items + 1
+    return rectangle_sums([(r0, r1, c0, c1, 1, weight) for r0, r1, c0, c1, weight in rects], (side, side))
+
+
+def rectangle_sums(rects: Sequence[tuple[int, int, int, int, int, float]] | np.ndarray,
+                   shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per cell of a `shape` grid, the sums of the counts and of count x weight over the rectangles that cover it:
+    each (r0, r1, c0, c1, count, weight) covers rows r0 to r1 and columns c0 to c1, both inclusive. Through 2-D
+    prefix sums of their corners, so the float sums are in no fixed order: exact where `exact_sums` of the
+    weights holds."""
+    rows, cols = shape[0] + 1, shape[1] + 1
+    r0, r1, c0, c1, count, weight = np.array(rects, dtype=float).reshape(-1, 6).T
+    flat = np.concatenate([r0 * cols + c0, r0 * cols + c1 + 1, (r1 + 1) * cols + c0, (r1 + 1) * cols + c1 + 1])
+    sign = np.repeat([1.0, -1.0, -1.0, 1.0], len(r0))
+    corners = [np.bincount(flat.astype(np.int64), weights=sign * np.tile(values, 4), minlength=rows * cols)
+               .astype(float, copy=False).reshape(rows, cols) for values in (count, count * weight)]
+    counts, weighted = (corner.cumsum(axis=0).cumsum(axis=1)[:-1, :-1] for corner in corners)
+    return counts, weighted
 
 
 def _topological(info: ChainInfo, pos: dict[str, int]) -> bool:
@@ -273,13 +283,14 @@ def _send_rects(info: ChainInfo, pos: dict[str, int]) -> list[Rect]:
     return rects
 
 
-def _exact_sums(weights: list[float]) -> bool:
-    """Every sum of +-weights (each counted up to 4 times, the corners) is exact in floating point."""
+def exact_sums(weights: list[float], times: int = 4) -> bool:
+    """Every sum of +-weights, each counted up to `times` times (by default 4: a rectangle's corners), is exact in
+    floating point."""
     if not all(math.isfinite(weight) for weight in weights):
         return False
     ratios = [abs(weight).as_integer_ratio() for weight in weights]  # denominators are powers of 2
     scale = max((den for _, den in ratios), default=1)
-    return 4 * sum(num * (scale // den) for num, den in ratios) < 1 << 53
+    return times * sum(num * (scale // den) for num, den in ratios) < 1 << 53
 
 
 class ParInfo:

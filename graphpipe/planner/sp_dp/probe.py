@@ -66,7 +66,7 @@ from graphpipe.planner.sp_dp.need import (
     write_segments,
 )
 from graphpipe.planner.sp_dp.runs import fewest_per_run, solve_runs
-from graphpipe.planner.sp_dp.size_tables import SegmentOffers, SizeTables, dominance_cap
+from graphpipe.planner.sp_dp.size_tables import SegmentOffers, SizeTables, cell_key_scale, dominance_cap
 from graphpipe.planner.sp_dp.tables import BlockKey, ChainInfo, ParInfo
 from graphpipe.planner.stage_spec import StageSpec
 
@@ -80,12 +80,13 @@ REBUILD_STAGES = 0.5  # the most stages, per item, a plan rebuilt from floors ma
 
 @dataclass(slots=True)
 class _FloorRows:
-    """A chain's rows rebuilt from its suffix floors (`Probe._emit_from_floors`), cells 0 to v: every suffix's
-    feasible breakpoints below v and fewest devices there, and the choices of the rows built so far, by start."""
+    """A chain's rows rebuilt from its suffix floors (`Probe._emit_from_floors`), cells 0 to v: its segments' fewest
+    degrees, every suffix's feasible breakpoints below v (by start, to the end the plan reaches) and the choices of
+    the rows built so far, by start."""
 
     v: int
+    fewest: np.ndarray
     breaks: list[list[tuple[int, int]]]
-    least: list[int]
     chosen: dict[int, list[ChainChoice | None]]
 
 
@@ -484,14 +485,13 @@ class Probe:
         """The stages of a chain whose entry need came from its floors (`entry_need`), without the DP's rows: where
         no stage's degree depends on its count, the need of every suffix [s, end) is its suffix floor
         (`merge_tails.suffix_floors`) as the entry need is its prefix floor, so the rows of the starts the plan
-        visits are the DP's rows, written by the DP's own steps (`_segment_keys`, `write_segments`, `settle`)
-        from those needs: the same choices, one row per stage instead of one per item, each kept for the chain's
-        twins (`_FloorRows`). Only the cells up to the entry's v are built: v only falls along the stages (a
-        choice at cell v leaves u < v to the rest), a row's cell v reads the rest's cells below v only, and
-        settling is a pass upwards, so these cells and their choices are the full rows' (and the suffix floors
-        need only v - k_after stages). False (nothing emitted) where the floors are not the needs, the chain is
-        shorter than REBUILD_ITEMS, or the plan may have more stages than REBUILD_STAGES of its items (v - k_after
-        bounds them): there the DP's rows cost no more."""
+        visits are the DP's rows, one row per stage instead of one per item, each kept for the chain's twins
+        (`_FloorRows`): the same choices (`_floor_row`). Only the cells up to the entry's v are built: v only
+        falls along the stages (a choice at cell v leaves u < v to the rest), a row's cell v reads the rest's
+        cells below v only, and settling is a pass upwards, so these cells and their choices are the full rows'
+        (and the suffix floors need only v - k_after stages). False (nothing emitted) where the floors are not the
+        needs, the chain is shorter than REBUILD_ITEMS, or the plan may have more stages than REBUILD_STAGES of its
+        items (v - k_after bounds them): there the DP's rows cost no more."""
         if info.has_parallel or info.num_items < REBUILD_ITEMS or v - k_after > REBUILD_STAGES * (end - start):
             return False
         key = (info.content, k_after, end, v)
@@ -513,26 +513,41 @@ class Probe:
         return True
 
     def _floor_rows(self, info: ChainInfo, k_after: int, end: int, v: int) -> _FloorRows:
-        """The breakpoints of every suffix's need vector at the cells below v, read off the suffix floors (past
-        `end`: none, as the DP's rows are infeasible there)."""
+        """The breakpoints of every suffix's need vector at the cells below v, read off the suffix floors (past `end`
+        there are no suffixes: the DP's rows are infeasible there)."""
         t = self.tables
         fewest = self.blocks.free_fewest(info)
         assert fewest is not None  # count-free, as `_floors` found
         floors = suffix_floors(fewest, end, v - 1 - k_after)
         needs = floor_needs(floors, np.arange(end + 1), k_after, t.num_devices, cells=v)
-        breaks = feasible_breakpoints_of_rows(needs, t.num_devices) + [[] for _ in range(info.num_items - end)]
-        return _FloorRows(v, breaks, [found[-1][1] if found else BIG for found in breaks], {})
+        return _FloorRows(v, fewest, feasible_breakpoints_of_rows(needs, t.num_devices), {})
 
     def _floor_row(self, info: ChainInfo, rows: _FloorRows, start: int) -> list[ChainChoice | None]:
-        """The choices of the DP's row at `start`, cells 0 to `rows.v`, from the suffixes' needs (`_FloorRows`)."""
-        cells = rows.v + 1
-        offers = self.host.offers(info, self.target)
+        """The choices of the DP's row at `start`, cells 0 to `rows.v`, from the suffixes' needs (`_FloorRows`).
+
+        `_segment_keys` reads the offers of `start` within the target; where no stage's degree depends on its
+        count, the offer a segment [start, stop) wins a cell with is its fewest degree (`fewest_free`): any
+        wider one of the same segment is dominated by it, or costs more at every count it holds, and it holds
+        every count the DP asks for. So each cell u + 1 takes, over the stops, the least cell key (devices,
+        then degree, then stop) of that degree plus the rest's need at a breakpoint u of the rest's vector,
+        within the devices: `_segment_keys`'s cell without the offers (a lane rebuilt here needs none)."""
+        t = self.tables
+        cap, cells = t.num_devices, rows.v + 1
+        span, unit = cell_key_scale(info.num_items, cap)
+        best = [NO_KEY] * rows.v  # per u, the key of cell u + 1
+        for stop, d1 in enumerate(rows.fewest[start, start + 1:len(rows.breaks)].tolist(), start + 1):
+            if d1 > cap:
+                continue
+            base, room = d1 * (unit + span) + stop, cap - d1
+            for u, devices in rows.breaks[stop]:
+                if devices <= room:
+                    key = devices * unit + base
+                    if key < best[u]:
+                        best[u] = key
         row: list[int] = [BIG] * cells
         chosen: list[ChainChoice | None] = [None] * cells
-        best = self._segment_keys(offers, start, rows.breaks, rows.least, rows.v)
-        if best is not None:
-            write_segments(best, offers.span, offers.unit, row, chosen)
-        settle(row, chosen, self.tables.num_devices)
+        write_segments(best, span, unit, row, chosen)
+        settle(row, chosen, cap)
         return chosen
 
     def emit_par(self, pinfo: ParInfo, k_after: int, v: int, out: list[StageSpec], mask: int | None = None,

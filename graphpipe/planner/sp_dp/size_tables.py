@@ -105,6 +105,12 @@ class SegmentOffers:
     unit: int
 
 
+def cell_key_scale(num_items: int, num_devices: int) -> tuple[int, int]:
+    """(span, unit) of a chain's cell keys (`SegmentOffers`): span > any stop, unit > any d1 * span + stop."""
+    span = num_items + 2
+    return span, (num_devices + 1) * span
+
+
 def dominance_cap(target_ms: float) -> float:
     """An offer is dominated at `target_ms` when its `until` is at most this (an infinite `until`
     means never, even with no target at all)."""
@@ -201,8 +207,7 @@ class SizeTables:
         order = order[np.argsort(start[order].astype(np.min_scalar_type(side)), kind="stable")]
         pos, start, stop, values, k_max, until = (part[order] for part in (pos, start, stop, values, k_max, until))
         degrees = np.array(self.degrees)[pos]
-        span = info.num_items + 2  # > any stop
-        unit = (self.num_devices + 1) * span  # > any d1 * span + stop
+        span, unit = cell_key_scale(info.num_items, self.num_devices)
         offsets = np.searchsorted(start, np.arange(info.num_items + 2))
         return SegmentOffers(low=low, bound=bound, tps=values.tolist(), rooms=(self.num_devices - degrees).tolist(),
                              stops=stop.tolist(), k_maxes=k_max.tolist(), until=until.tolist(),

@@ -71,6 +71,9 @@ Modules, bottom to top (each imports only those before it; `tests/test_layering.
     tables       per tree: ChainInfo (prefix sums, boundary traffic), ParInfo, ChainTables (by index)
     size_tables  per micro-batch size: segment arrays, offers, merged-group and run options, degrees
     need         need-vector helpers, the chain step (write, settle), typed choice records, solutions
+    merge_boundary  a merge stage's traffic on every pair of tails of a two-branch block
+    merge_tails  merge stages' tables per size, and the prefix floors and needs that prune them
+    band         the chain pass's floor over the segments within a target (`Search.may_meet`)
     runs         the parallel DP of a block of many branches over runs of its sorted branches, as arrays
     fork_join    fork/join layouts and their solver, typed against the probe's Protocol
     probe        one DP run at a target: chains, parallel blocks, reconstruction of the stages

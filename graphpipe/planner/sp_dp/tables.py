@@ -315,7 +315,7 @@ class ParInfo:
         self._boundaries: dict[int, tuple[frozenset[str], frozenset[str]]] = {}
         self._joined: dict[tuple[int, tuple[str, ...]], tuple[tuple[str, ...], int, int, float]] = {}
         self._run_traffic: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        # per join run, a merge stage's traffic on every pair of tails (`merge_tails.merge_boundary`), for every size
+        # per join run, a merge stage's traffic on every pair of tails (`merge_boundary.merge_boundary`), for every size
         self.merge_boundaries: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
 
     def group_ops(self, mask: int) -> tuple[str, ...]:

@@ -45,10 +45,10 @@ def _merge_boundary(pinfo: ParInfo, join_ops: tuple[str, ...]) -> tuple[np.ndarr
     """The rectangles' sums where they are exact, else the sums producer by producer."""
     wiring = _Wiring.of(pinfo, join_ops)
     size = pinfo.model.out_bytes_per_sample
-    if not exact_sums([size[producer] for producer in wiring.producers], times=12):  # 3 rectangles each
-        return merge_boundary_by_producer(pinfo, join_ops)
-    rects = _rectangles(wiring, np.array([size[producer] for producer in wiring.producers], dtype=float))
-    return rectangle_sums(rects, wiring.shape)
+    sizes = [size[producer] for producer in wiring.producers]
+    if not exact_sums(sizes, times=12):  # 3 rectangles each
+        return _by_producer(wiring)
+    return rectangle_sums(_rectangles(wiring, np.array(sizes, dtype=float)), wiring.shape)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +134,10 @@ def _reading(wiring: _Wiring, producer: str) -> tuple[list[int], list[int], bool
 def merge_boundary_by_producer(pinfo: ParInfo, join_ops: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
     """`merge_boundary` producer by producer: each condition is a column (branch 0's cut), a row (branch 1's) or a
     constant, summed apart and broadcast once at the end."""
-    wiring = _Wiring.of(pinfo, join_ops)
+    return _by_producer(_Wiring.of(pinfo, join_ops))
+
+
+def _by_producer(wiring: _Wiring) -> tuple[np.ndarray, np.ndarray]:
     shape = wiring.shape
     cuts = (np.arange(shape[0])[:, None], np.arange(shape[1])[None, :])
     totals = {kind: (np.zeros(size), np.zeros(size)) for kind, size in
@@ -147,7 +150,7 @@ def merge_boundary_by_producer(pinfo: ParInfo, join_ops: tuple[str, ...]) -> tup
             "col" if crossing.shape[1] == 1 else "row"
         messages, num_bytes = totals[kind]
         messages += crossing
-        num_bytes += np.multiply(crossing, pinfo.model.out_bytes_per_sample[producer])
+        num_bytes += np.multiply(crossing, wiring.pinfo.model.out_bytes_per_sample[producer])
     messages, num_bytes = (sum(parts[idx] for parts in totals.values()) + np.zeros(shape) for idx in (0, 1))
     return messages, num_bytes
 

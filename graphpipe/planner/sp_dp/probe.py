@@ -80,12 +80,11 @@ REBUILD_STAGES = 0.5  # the most stages, per item, a plan rebuilt from floors ma
 
 @dataclass(slots=True)
 class _FloorRows:
-    """A chain's rows rebuilt from its suffix floors (`Probe._emit_from_floors`), cells 0 to v: its segments' fewest
-    degrees, every suffix's feasible breakpoints below v (by start, to the end the plan reaches) and the choices of
-    the rows built so far, by start."""
+    """A chain's rows rebuilt from its suffix floors (`Probe._emit_from_floors`), cells 0 to v: every suffix's
+    feasible breakpoints below v (by start, to the end the plan reaches) and the choices of the rows built so far,
+    by start."""
 
     v: int
-    fewest: np.ndarray
     breaks: list[list[tuple[int, int]]]
     chosen: dict[int, list[ChainChoice | None]]
 
@@ -520,7 +519,7 @@ class Probe:
         assert fewest is not None  # count-free, as `_floors` found
         floors = suffix_floors(fewest, end, v - 1 - k_after)
         needs = floor_needs(floors, np.arange(end + 1), k_after, t.num_devices, cells=v)
-        return _FloorRows(v, fewest, feasible_breakpoints_of_rows(needs, t.num_devices), {})
+        return _FloorRows(v, feasible_breakpoints_of_rows(needs, t.num_devices), {})
 
     def _floor_row(self, info: ChainInfo, rows: _FloorRows, start: int) -> list[ChainChoice | None]:
         """The choices of the DP's row at `start`, cells 0 to `rows.v`, from the suffixes' needs (`_FloorRows`).
@@ -532,10 +531,12 @@ class Probe:
         then degree, then stop) of that degree plus the rest's need at a breakpoint u of the rest's vector,
         within the devices: `_segment_keys`'s cell without the offers (a lane rebuilt here needs none)."""
         t = self.tables
+        fewest = self.blocks.free_fewest(info)
+        assert fewest is not None  # count-free, as `_floor_rows` found
         cap, cells = t.num_devices, rows.v + 1
         span, unit = cell_key_scale(info.num_items, cap)
         best = [NO_KEY] * rows.v  # per u, the key of cell u + 1
-        for stop, d1 in enumerate(rows.fewest[start, start + 1:len(rows.breaks)].tolist(), start + 1):
+        for stop, d1 in enumerate(fewest[start, start + 1:len(rows.breaks)].tolist(), start + 1):
             if d1 > cap:
                 continue
             base, room = d1 * (unit + span) + stop, cap - d1

@@ -43,7 +43,10 @@ def colocation_groups(graph: OpGraph) -> list[tuple[str, ...]]:
 
     for a, b in _required_pairs(graph, names):
         union(a, b)
-    while _close_hulls(graph, names, find, union):
+    pos = {name: idx for idx, name in enumerate(names)}
+    below = _reach(graph, names, pos, forward=True)
+    above = _reach(graph, names, pos, forward=False)
+    while _close_hulls(names, pos, (below, above), find, union):
         pass
     groups: dict[str, list[str]] = {}
     for name in names:
@@ -62,24 +65,26 @@ def _required_pairs(graph: OpGraph, names: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def _close_hulls(graph: OpGraph, names: list[str], find: Callable[[str], str],
-                 union: Callable[[str, str], None]) -> bool:
-    """Add every op on a path between two members of a group to it; True when something changed."""
-    pos = {name: idx for idx, name in enumerate(names)}
-    below = _reach(graph, names, pos, forward=True)
-    above = _reach(graph, names, pos, forward=False)
-    members: dict[str, int] = {}
+def _close_hulls(names: list[str], pos: dict[str, int], reach: tuple[dict[str, int], dict[str, int]],
+                 find: Callable[[str], str], union: Callable[[str, str], None]) -> bool:
+    """Add every op on a path between two members of a group to it (`reach`: each op's descendants and
+    ancestors as bitsets over `names`, `_reach`); True when something changed. Reads each group's members
+    only: a graph with a small group in every layer costs what its groups hold, not groups times ops."""
+    below, above = reach
+    groups: dict[str, list[str]] = {}
     for name in names:
-        members[find(name)] = members.get(find(name), 0) | 1 << pos[name]
+        groups.setdefault(find(name), []).append(name)
     changed = False
-    for root, mask in members.items():
-        if mask & (mask - 1) == 0:
+    for root, group in groups.items():
+        if len(group) < 2:
             continue
+        mask = 0
+        for name in group:
+            mask |= 1 << pos[name]
         down = up = mask
-        for name in names:
-            if mask >> pos[name] & 1:
-                down |= below[name]
-                up |= above[name]
+        for name in group:
+            down |= below[name]
+            up |= above[name]
         extra = (down & up) & ~mask
         while extra:
             low = extra & -extra

@@ -230,7 +230,8 @@ def _transitive_reduction(names: Sequence[str], preds: Mapping[str, Sequence[str
 
 
 # ---- reduction of the two-terminal edge graph --------------------------------------------
-# Trees during reduction: ("op", name) | ("wire",) | ("blob", names) | ("ser", *children) | ("par", *children)
+# Trees during reduction: ("op", name) | ("wire",) | ("blob", names) | ("ser", first, second) | ("par", *children);
+# a series node never holds a wire, and may hold series nodes (`_ser`)
 _Tree = tuple[Any, ...]
 _Node = tuple[str, ...]  # ("in", op) | ("out", op) | ("src",) | ("snk",)
 
@@ -238,9 +239,27 @@ _SOURCE, _SINK = ("src",), ("snk",)
 
 
 def _ser(first: _Tree, second: _Tree) -> _Tree:
-    parts = [part for tree in (first, second) for part in (tree[1:] if tree[0] == "ser" else (tree,))]
-    parts = [part for part in parts if part[0] != "wire"] or [("wire",)]
-    return parts[0] if len(parts) == 1 else ("ser", *parts)
+    """`first` then `second` as one node, without copying either: a long chain is joined one edge at a time,
+    and flattening at each join made the reduction quadratic in its length (`_series_parts` flattens once)."""
+    if first[0] == "wire":
+        return second
+    if second[0] == "wire":
+        return first
+    return ("ser", first, second)
+
+
+def _series_parts(tree: _Tree) -> list[_Tree]:
+    """The parts of a series node in order, nested series flattened (iteratively: a chain nests as deep as it
+    is long)."""
+    parts: list[_Tree] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if node[0] == "ser":
+            stack.extend(reversed(node[1:]))
+        else:
+            parts.append(node)
+    return parts
 
 
 def _par(first: _Tree, second: _Tree) -> _Tree:
@@ -395,7 +414,10 @@ def _ops_of(tree: _Tree) -> Iterator[str]:
         yield tree[1]
     elif kind == "blob":
         yield from tree[1]
-    elif kind in ("ser", "par"):
+    elif kind == "ser":
+        for part in _series_parts(tree):
+            yield from _ops_of(part)
+    elif kind == "par":
         for child in tree[1:]:
             yield from _ops_of(child)
 
@@ -410,7 +432,7 @@ def _to_items(tree: _Tree, order: Mapping[str, int]) -> tuple[SPItem, ...]:
     if kind == "blob":
         return (SPLeaf(ops=tuple(sorted(tree[1], key=order.__getitem__))),)
     if kind == "ser":
-        return tuple(item for child in tree[1:] for item in _to_items(child, order))
+        return tuple(item for part in _series_parts(tree) for item in _to_items(part, order))
     branches = [_to_items(child, order) for child in tree[1:]]
     nonempty = [SPChain(items=items) for items in branches if items]
     bypass = len(nonempty) < len(branches)

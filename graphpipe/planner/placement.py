@@ -39,11 +39,12 @@ def _take(free: list[list[int]], want: int, neighbours: Mapping[int, float], nod
           per_node: int) -> list[int]:
     fitting = [node for node, ranks in enumerate(free) if len(ranks) >= want]
     if fitting:
-        def affinity(node: int) -> tuple[float, int, int]:
-            near = sum(w for other, w in neighbours.items() if node in node_of_stage.get(other, ()))
-            return (-near, len(free[node]), node)  # then the tightest fit, then the lowest node
-
-        node = min(fitting, key=affinity)
+        near: dict[int, float] = {}  # bytes per sample to the neighbours already placed, per node that holds one
+        for other, weight in neighbours.items():
+            for held in node_of_stage.get(other, ()):
+                near[held] = near.get(held, 0.0) + weight
+        # the most bytes to neighbours, then the tightest fit, then the lowest node
+        node = min(fitting, key=lambda node: (-near.get(node, 0.0), len(free[node]), node))
         chosen, free[node] = free[node][:want], free[node][want:]
         return chosen
     taken: list[int] = []

@@ -9,9 +9,12 @@ follow the rule of §3; every stage's predicted memory fits.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from graphpipe.cost.cluster import Cluster
 from graphpipe.errors import PlanValidationError
 from graphpipe.graph.op_graph import OpGraph
+from graphpipe.graph.toposort import priority_topological_order
 from graphpipe.stages.crossing import crossing_tensors
 from graphpipe.stages.in_flight import in_flight_samples
 from graphpipe.stages.stage_graph import Plan
@@ -36,8 +39,10 @@ def validate_structure(plan: Plan, graph: OpGraph) -> None:
     """What the runtime and the simulator need of a plan for `graph`: every op in exactly one stage, convex
     stages, stage edges equal to the data edges that cross. (In-flight counts and memory are predictions.)"""
     stage_of = _check_cover(plan, graph)
-    _check_convex(plan, graph, stage_of)
-    _check_edges(plan, graph, stage_of)
+    crossing = crossing_tensors(graph, stage_of)
+    if not _acyclic([stage.idx for stage in plan.stages], crossing):
+        _check_convex(plan, graph, stage_of)
+    _check_edges(plan, graph, crossing)
 
 
 def check_runtime_rules(plan: Plan, graph: OpGraph) -> None:
@@ -67,6 +72,14 @@ def _check_cover(plan: Plan, graph: OpGraph) -> dict[str, int]:
     return stage_of
 
 
+def _acyclic(stages: list[int], crossing: Mapping[tuple[int, int], object]) -> bool:
+    """True when the stages' data edges form no cycle: then every stage is convex (a path that left a stage and
+    came back would walk a cycle of stages), and the per-stage test (`_check_convex`, quadratic in the ops)
+    is not needed."""
+    nodes = sorted(set(stages))
+    return len(priority_topological_order(nodes, crossing, int)) == len(nodes)
+
+
 def _check_convex(plan: Plan, graph: OpGraph, stage_of: dict[str, int]) -> None:
     pos = {name: idx for idx, name in enumerate(graph.names)}
     desc: dict[str, int] = {}
@@ -94,8 +107,7 @@ def _check_convex(plan: Plan, graph: OpGraph, stage_of: dict[str, int]) -> None:
                                       "and comes back")
 
 
-def _check_edges(plan: Plan, graph: OpGraph, stage_of: dict[str, int]) -> None:
-    expected = crossing_tensors(graph, stage_of)
+def _check_edges(plan: Plan, graph: OpGraph, expected: Mapping[tuple[int, int], tuple[str, ...]]) -> None:
     seen = set()
     for edge in plan.edges:
         key = (edge.src, edge.dst)

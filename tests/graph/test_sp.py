@@ -38,6 +38,19 @@ def test_chain_is_one_chain_of_leaves() -> None:
     assert flat(tree) == ["x", "a", "b", "out"]
 
 
+def test_a_long_chain_and_long_branches_decompose() -> None:
+    """A chain is joined one edge at a time into series nodes nested as deep as it is long: they are flattened
+    without recursion (3,000 ops, well past Python's recursion limit), in order."""
+    names = ["x", *(f"a{idx}" for idx in range(3000))]
+    tree = decompose({name: (names[idx - 1],) if idx else () for idx, name in enumerate(names)})
+    assert flat(tree) == names and all(isinstance(item, SPLeaf) for item in tree.items)
+    branches = {"x": (), **{f"{side}{idx}": ((f"{side}{idx - 1}",) if idx else ("x",)) for side in "ab"
+                            for idx in range(1500)}, "join": ("a1499", "b1499")}
+    (block,) = decompose(branches).items[1:2]
+    assert isinstance(block, SPParallel)
+    assert [flat(branch) for branch in block.branches] == [[f"{side}{idx}" for idx in range(1500)] for side in "ab"]
+
+
 def test_diamond_is_a_parallel_block_between_fork_and_join() -> None:
     tree = decompose({"x": (), "a": ("x",), "b": ("x",), "c": ("a", "b")})
     assert [type(item) for item in tree.items] == [SPLeaf, SPParallel, SPLeaf]

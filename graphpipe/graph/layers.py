@@ -136,6 +136,11 @@ def _stack_layers(graph: OpGraph, units: StageUnits, path: str, ids: Sequence[in
     return layers
 
 
+def layer_unit_count(units: StageUnits, blocks: Sequence[LayerBlock]) -> int:
+    """How many units the planners cut between with `blocks` contracted (`coarsen_units`), without building them."""
+    return len(units.keys) - sum(len(block.keys) - 1 for block in blocks)
+
+
 def coarsen_units(graph: OpGraph, units: StageUnits, blocks: Sequence[LayerBlock]) -> StageUnits:
     """`units` with each block's units contracted into one, named by its first key. Blocks are valid
     (`layer_blocks`), so the contracted graph is acyclic."""

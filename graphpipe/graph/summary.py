@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphpipe.graph.branches import BranchRegion, find_branches, largest_block
-from graphpipe.graph.layers import layer_blocks
+from graphpipe.graph.layers import layer_blocks, layer_unit_count
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.graph.sp import sp_decompose, stage_units
 
@@ -75,6 +75,6 @@ def summarize(graph: OpGraph) -> GraphSummary:
         act_bytes_per_sample=sum(op.output_bytes for op in graph.ops if op.kind in COMPUTE_KINDS) / batch,
         branches=find_branches(graph, tree), num_compute_ops=len(graph.ops) - len(graph.replicated),
         largest_block_ops=len(largest_block(graph, tree)), num_op_units=len(units.keys),
-        num_layer_units=len(units.keys) - sum(len(block.keys) - 1 for block in blocks),
+        num_layer_units=layer_unit_count(units, blocks),
         layer_blocks=tuple(Counter(block.module_type for block in blocks).most_common()),
     )

@@ -23,6 +23,22 @@ def test_plan_prints_stages_and_writes_json(tmp_path: Path, capsys: pytest.Captu
     assert plan.world_size <= 4 and plan.global_batch_size == 8 and plan.model_spec["model"] == "toy_branches"
 
 
+def test_a_deep_model_planned_at_op_level_is_pointed_to_layer_granularity(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The hint counts the units at both levels (the tiny transformer: 36 op units, 4 layers kept whole, 8
+    units); it is only given at op level, and only for graphs with LARGE_OP_GRAPH units or more."""
+    command = ["plan", "--model", "transformer", "--preset", "tiny", "--cluster", "local-cpu", "--devices", "2",
+               "--batch", "4", "--rank-by", "tps"]
+    assert run_command(plan_cmd, command) == 0
+    assert "--granularity layer" not in capsys.readouterr().out  # 36 units: not a deep model
+    monkeypatch.setattr(plan_cmd, "LARGE_OP_GRAPH", 36)
+    assert run_command(plan_cmd, command) == 0
+    note = next(line for line in capsys.readouterr().out.splitlines() if "--granularity layer" in line)
+    assert "op level, 36 units" in note and "8 units (4 layers kept whole)" in note
+    assert run_command(plan_cmd, [*command, "--granularity", "layer"]) == 0
+    assert "--granularity layer this" not in capsys.readouterr().out
+
+
 def test_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
     code = run_command(plan_cmd, ["plan", "--model", "toy_chain", "--preset", "tiny", "--cluster", "local-cpu",
                                   "--devices", "2", "--batch", "4", "--planner", "pipedream", "--rank-by", "tps",

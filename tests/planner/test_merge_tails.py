@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from graphpipe.planner.api import make_request, plan_candidates
 from graphpipe.planner.request import PlanRequest
-from graphpipe.planner.sp_dp import Probe, Search, build_tables, fork_join, partition_sp
+from graphpipe.planner.sp_dp import Probe, Search, build_tables, fork_join, merge_tails, partition_sp
 from graphpipe.planner.sp_dp.blocks import BIG, MERGE_BRANCHES
 from graphpipe.planner.sp_dp.fork_join import ForkJoinSolver
 from graphpipe.planner.sp_dp.merge_tails import (
@@ -129,14 +129,18 @@ def _random_fewest(rng: np.random.Generator, shortest: int) -> tuple[np.ndarray,
 
 
 @settings(max_examples=200, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1))
-def test_prefix_floors_follow_their_recurrence(seed: int) -> None:
+@given(seed=st.integers(0, 2**32 - 1), sparse_share=st.sampled_from([0.0, merge_tails.SPARSE_SHARE, 1.0]))
+def test_prefix_floors_follow_their_recurrence(seed: int, sparse_share: float) -> None:
+    """Both ways of reading the segments (all starts against all stops, or the segments within reach by stop:
+    `SPARSE_SHARE` 0 forces the first, 1 the second) give the recurrence's numbers."""
     rng = np.random.default_rng(seed)
     fewest, max_v = _random_fewest(rng, 1)
     size = len(fewest)
     steps = {start: [(int(stop), int(rng.integers(1, 4)))] for start in range(size - 1) if rng.random() < 0.3
              for stop in [rng.integers(start + 1, size)]}
-    assert prefix_floors(fewest, max_v, steps).tolist() == _floors_by_definition(fewest, max_v, steps)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(merge_tails, "SPARSE_SHARE", sparse_share)
+        assert prefix_floors(fewest, max_v, steps).tolist() == _floors_by_definition(fewest, max_v, steps)
 
 
 @settings(max_examples=200, deadline=None)

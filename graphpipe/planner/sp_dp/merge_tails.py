@@ -38,6 +38,7 @@ lanes' needs from `PrefixNeeds` and writes the block's vector from all pairs at 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -140,31 +141,56 @@ class MergeTable:
 Step = tuple[int, int]  # (stop, devices): a staging of items [start, stop) in one stage or more, on at least these
 
 
+SPARSE_SHARE = 0.25  # `prefix_floors` reads the segments by stop where they are at most this share of starts x stops
+
+
 def prefix_floors(fewest: np.ndarray, max_v: int, steps: dict[int, list[Step]] | None = None) -> np.ndarray:
     """floor[s, m]: fewest devices staging items [0, s) in at most m stages, from `fewest[i, j]` (the fewest
     degree on which segment [i, j) meets the target and holds what it must, BIG where none does) and, for a
     chain with parallel items, `steps` (`block_steps`: each block as one stage on its least work); see the
     module docstring. Values above BIG are clipped to BIG.
 
-    One min-plus product per stage count, over every (start, stop) at once: column m is column m - 1 or
-    a stage [i, s) after a staging of [0, i) in m - 1 stages. Once a column repeats, all later ones do."""
+    One min-plus product per stage count: column m is column m - 1 or a stage [i, s) after a staging of
+    [0, i) in m - 1; once a column repeats, all later ones do. Where few segments meet the target (a long
+    chain at a tight target: a start reaches a few stops), a column reads only those, grouped by stop (one
+    gather and one `minimum.reduceat`); else it reads every live start against every stop. Columns are
+    built as contiguous rows and turned at the end."""
     size = fewest.shape[0]
     edges = np.where(np.triu(np.ones((size, size), dtype=bool), 1), fewest, BIG).astype(np.int64)
     for start, reach in (steps or {}).items():
         for stop, devices in reach:
             edges[start, stop] = min(int(edges[start, stop]), devices)
     live = np.flatnonzero(edges.min(axis=1) < BIG)  # the starts some stage leaves from
+    stage = _sparse_stage(edges) if np.count_nonzero(edges < BIG) <= SPARSE_SHARE * live.size * size else None
     edges = edges[live]
-    floors = np.full((size, max_v + 1), BIG, dtype=np.int64)
-    floors[0] = 0
+    columns = np.full((max_v + 1, size), BIG, dtype=np.int64)
+    columns[0, 0] = 0
     for m in range(1, max_v + 1):
-        before = floors[:, m - 1]
-        column = np.minimum(before, np.minimum((before[live, None] + edges).min(axis=0, initial=BIG), BIG))
-        floors[:, m] = column
+        before, column = columns[m - 1], columns[m]
+        if stage is not None:
+            column[:] = before
+            stage(before, column)
+        else:
+            np.minimum(before, np.minimum((before[live, None] + edges).min(axis=0, initial=BIG), BIG), out=column)
         if np.array_equal(column, before):
-            floors[:, m + 1:] = column[:, None]
+            columns[m + 1:] = column
             break
-    return floors
+    return np.ascontiguousarray(columns.T)
+
+
+def _sparse_stage(edges: np.ndarray) -> Callable[[np.ndarray, np.ndarray], None]:
+    """`prefix_floors`' step over the segments within reach only: column[s] = min(column[s], before[i] + the
+    segment [i, s)'s devices) over the segments that end at s (clipped to BIG)."""
+    stops, starts = np.nonzero(edges.T < BIG)  # by stop, then start
+    weights = edges[starts, stops]
+    targets, first = np.unique(stops, return_index=True)
+
+    def stage(before: np.ndarray, column: np.ndarray) -> None:
+        if targets.size:
+            reached = np.minimum.reduceat(before[starts] + weights, first)
+            column[targets] = np.minimum(column[targets], np.minimum(reached, BIG))
+
+    return stage
 
 
 def held_floors(tables: SizeTables, info: ChainInfo, target_ms: float, held: int,

@@ -83,6 +83,8 @@ def granularity_hint(graph: OpGraph) -> str | None:
     The DP's segment tables grow with the square of a chain's length, so such a model plans many times faster
     with whole layers (mmt with 4 x 256 layers at 1,024 devices: 22 s and 3.3 GB at op level, 1.9 s and 0.2 GB at
     layer level, the same throughput: docs/architecture.md, "Why the default stays `op`"). None for other graphs."""
+    if len(graph) < LARGE_OP_GRAPH:  # a unit holds one op or more: no units to count on a small graph
+        return None
     units = stage_units(graph)
     if len(units.keys) < LARGE_OP_GRAPH:
         return None

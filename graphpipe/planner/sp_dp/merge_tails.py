@@ -161,31 +161,39 @@ def prefix_floors(fewest: np.ndarray, max_v: int, steps: dict[int, list[Step]] |
         for stop, devices in reach:
             edges[start, stop] = min(int(edges[start, stop]), devices)
     live = np.flatnonzero(edges.min(axis=1) < BIG)  # the starts some stage leaves from
-    stage = _sparse_stage(edges) if np.count_nonzero(edges < BIG) <= SPARSE_SHARE * live.size * size else None
-    edges = edges[live]
+    sparse = np.count_nonzero(edges < BIG) <= SPARSE_SHARE * live.size * size
+    stage = _sparse_stage(edges) if sparse else _dense_stage(edges[live], live)
     columns = np.full((max_v + 1, size), BIG, dtype=np.int64)
     columns[0, 0] = 0
     for m in range(1, max_v + 1):
         before, column = columns[m - 1], columns[m]
-        if stage is not None:
-            column[:] = before
-            stage(before, column)
-        else:
-            np.minimum(before, np.minimum((before[live, None] + edges).min(axis=0, initial=BIG), BIG), out=column)
+        stage(before, column)
         if np.array_equal(column, before):
             columns[m + 1:] = column
             break
     return np.ascontiguousarray(columns.T)
 
 
-def _sparse_stage(edges: np.ndarray) -> Callable[[np.ndarray, np.ndarray], None]:
-    """`prefix_floors`' step over the segments within reach only: column[s] = min(column[s], before[i] + the
-    segment [i, s)'s devices) over the segments that end at s (clipped to BIG)."""
+Stage = Callable[[np.ndarray, np.ndarray], None]  # `prefix_floors`' step: writes column m from column m - 1
+
+
+def _dense_stage(edges: np.ndarray, live: np.ndarray) -> Stage:
+    """The step over every live start (the rows of `edges`) against every stop, clipped to BIG."""
+    def stage(before: np.ndarray, column: np.ndarray) -> None:
+        np.minimum(before, np.minimum((before[live, None] + edges).min(axis=0, initial=BIG), BIG), out=column)
+
+    return stage
+
+
+def _sparse_stage(edges: np.ndarray) -> Stage:
+    """The step over the segments within reach only: column[s] = min(before[s], before[i] + the segment [i, s)'s
+    devices) over the segments that end at s (clipped to BIG)."""
     stops, starts = np.nonzero(edges.T < BIG)  # by stop, then start
     weights = edges[starts, stops]
     targets, first = np.unique(stops, return_index=True)
 
     def stage(before: np.ndarray, column: np.ndarray) -> None:
+        column[:] = before
         if targets.size:
             reached = np.minimum.reduceat(before[starts] + weights, first)
             column[targets] = np.minimum(column[targets], np.minimum(reached, BIG))

@@ -1,4 +1,5 @@
-"""Need-vector helpers (`sp_dp.need`): the breakpoints of a table of need vectors read at once are each row's own."""
+"""Need-vector helpers (`sp_dp.need`): the breakpoints of a table of need vectors read at once are each row's own,
+and a row of segments settled from its written cells alone is the row the two-pass step makes."""
 
 from __future__ import annotations
 
@@ -7,7 +8,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from graphpipe.planner.sp_dp.blocks import BIG
-from graphpipe.planner.sp_dp.need import feasible_breakpoints, feasible_breakpoints_of_rows
+from graphpipe.planner.sp_dp.need import (
+    NO_KEY,
+    ChainChoice,
+    feasible_breakpoints,
+    feasible_breakpoints_of_rows,
+    settle,
+    settle_segments,
+    write_segments,
+)
 
 
 @given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 12), cells=st.integers(1, 12),
@@ -21,3 +30,23 @@ def test_breakpoints_of_rows_are_each_rows_breakpoints(seed: int, rows: int, cel
     needs = np.minimum.accumulate(values, axis=1).astype(np.int64)  # non-increasing, as need vectors are
     expected = [feasible_breakpoints(row.tolist(), num_devices) for row in needs]
     assert feasible_breakpoints_of_rows(needs, num_devices) == expected
+
+
+@given(seed=st.integers(0, 2**32 - 1), cells=st.integers(2, 40), num_devices=st.integers(1, 16),
+       share=st.sampled_from([0.0, 0.1, 0.5, 1.0]))
+def test_settle_segments_is_write_then_settle(seed: int, cells: int, num_devices: int, share: float) -> None:
+    """Random cell keys (ties in cost, costs above the devices, unwritten cells, written in any order): the
+    one-pass step gives the row, every choice and the breakpoints of `write_segments` then `settle`."""
+    rng = np.random.default_rng(seed)
+    span, unit = cells + 1, (num_devices + 1) * (cells + 1)
+    best, written = [NO_KEY] * (cells - 1), []
+    for u in rng.permutation(cells - 1).tolist():
+        if rng.random() < share:
+            cost, d1, stop = (int(x) for x in rng.integers(1, (num_devices * 2, num_devices + 1, cells + 1)))
+            best[u] = cost * unit + d1 * span + stop
+            written.append(u)
+    expected_row = [BIG] * cells
+    expected_chosen: list[ChainChoice | None] = [None] * cells
+    write_segments(best, written, span, unit, expected_row, expected_chosen)
+    expected = settle(expected_row, expected_chosen, num_devices)
+    assert settle_segments(best, written, span, unit, num_devices, cells) == (expected_row, expected_chosen, expected)

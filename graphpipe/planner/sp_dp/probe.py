@@ -63,6 +63,7 @@ from graphpipe.planner.sp_dp.need import (
     feasible_breakpoints,
     feasible_breakpoints_of_rows,
     settle,
+    settle_segments,
     write_segments,
 )
 from graphpipe.planner.sp_dp.runs import fewest_per_run, solve_runs
@@ -165,45 +166,51 @@ class Probe:
     def _solve_chain(self, info: ChainInfo, k_after: int, end: int) -> ChainSol:
         """Suffix need vectors from `end` back to item 0. Rows past `end` stay infeasible, so no segment,
         block or parallel item reaches beyond it (a prefix of a chain reuses the chain's tables); they are
-        only read, so they share one row (a merge stage's prefixes solve many short ends of a long chain)."""
+        only read, so they share one row (a merge stage's prefixes solve many short ends of a long chain),
+        as do the rows where no stage starts within the target. A row where no block starts holds only
+        segments, built settled from the cells they write (`need.settle_segments`)."""
         t = self.tables
         num_items, max_v, num_devices = info.num_items, t.max_v, t.num_devices
-        past_end = num_items - end
-        dead_choice: list[ChainChoice | None] = [None] * (max_v + 1)
-        no_breaks: list[tuple[int, int]] = []
-        need = [[BIG] * (max_v + 1) for _ in range(end + 1)] + [[BIG] * (max_v + 1)] * past_end
-        choice = [list(dead_choice) for _ in range(end + 1)] + [dead_choice] * past_end
-        need[end] = [0 if v >= k_after else BIG for v in range(max_v + 1)]
-        breaks: list[list[tuple[int, int]]] = [[] for _ in range(end + 1)] + [no_breaks] * past_end
+        cells = max_v + 1
+        dead: list[int] = [BIG] * cells
+        need = [dead] * (num_items + 1)  # a row nothing reaches stays this one, only read (`ChainSol`)
+        choice: list[list[ChainChoice | None]] = [[None] * cells] * (num_items + 1)
+        need[end] = [0 if v >= k_after else BIG for v in range(cells)]
+        breaks: list[list[tuple[int, int]]] = [[] for _ in range(num_items + 1)]
         breaks[end] = feasible_breakpoints(need[end], num_devices)
         fewest = [BIG] * (num_items + 1)  # the last breakpoint's devices
         fewest[end] = breaks[end][-1][1] if breaks[end] else BIG
         offers = self.host.offers(info, self.target)
         span, unit = offers.span, offers.unit
         for start in range(end - 1, -1, -1):
-            row, chosen = need[start], choice[start]
-            best = self._segment_keys(offers, start, breaks, fewest, max_v + 1)
-            if best is not None:
-                write_segments(best, span, unit, row, chosen)
+            segments = self._segment_keys(offers, start, breaks, fewest, cells)
             if info.next_parallel[start] < num_items:  # a parallel item at or after `start`: blocks may start here
+                row: list[int] = [BIG] * cells
+                chosen: list[ChainChoice | None] = [None] * cells
+                if segments is not None:
+                    write_segments(*segments, span, unit, row, chosen)
                 pinfo = info.par_infos[start]
                 if pinfo is not None:
                     self._open(pinfo, need[start + 1], row, chosen)
                     self._join_run(info, start, pinfo, need, row, chosen)
                 self._blocks(info, start, need, row, chosen)
-            found = settle(row, chosen, num_devices)
-            breaks[start] = found
+                found = settle(row, chosen, num_devices)
+            elif segments is not None:
+                row, chosen, found = settle_segments(*segments, span, unit, num_devices, cells)
+            else:
+                continue  # no stage starts here within the target: the dead row
+            need[start], choice[start], breaks[start] = row, chosen, found
             if found:
                 fewest[start] = found[-1][1]
         return ChainSol(need=need, choice=choice, breaks=breaks)
 
     def _segment_keys(self, offers: SegmentOffers, start: int, breaks: list[list[tuple[int, int]]],
-                      fewest: list[int], size: int) -> list[int] | None:
-        """Per u, the key of the best segment [start, stop) as the first stage of cell u + 1 (None: no offer
-        within the target). Only the breakpoints of the rest's vector matter (the monotone pass of `settle`
-        fills in the v between them). A candidate needing more than all the devices is never kept (`settle`
-        marks it infeasible), so it is not tried: the rest's fewest devices (its last breakpoint,
-        `fewest[stop]`) must leave room for d1.
+                      fewest: list[int], size: int) -> tuple[list[int], list[int]] | None:
+        """Per u, the key of the best segment [start, stop) as the first stage of cell u + 1, and the u that have
+        one (None: no offer within the target). Only the breakpoints of the rest's vector matter (the monotone
+        pass of `settle` fills in the v between them). A candidate needing more than all the devices is never
+        kept (`settle` marks it infeasible), so it is not tried: the rest's fewest devices (its last
+        breakpoint, `fewest[stop]`) must leave room for d1.
 
         Each cell keeps the cheapest offer, then the smallest degree, then the shortest segment, as one
         integer key (`SegmentOffers`), so the offers can come in any order: here by TPS, so that those
@@ -218,6 +225,7 @@ class Probe:
             return None
         unit = offers.unit
         best = [NO_KEY] * size  # per u, the key of cell u + 1
+        written: list[int] = []
         dominated = self.dominated
         for room, stop, k_max, until, base in zip(offers.rooms[lo:hi], offers.stops[lo:hi], offers.k_maxes[lo:hi],
                                                   offers.until[lo:hi], offers.keys[lo:hi]):
@@ -228,9 +236,12 @@ class Probe:
                     break
                 if devices <= room:
                     key = devices * unit + base
-                    if key < best[u]:
+                    held = best[u]
+                    if key < held:
+                        if held == NO_KEY:
+                            written.append(u)
                         best[u] = key
-        return best
+        return best, written
 
     def _open(self, pinfo: ParInfo, rest: list[int], row: list[int], chosen: list[ChainChoice | None]) -> None:
         """The row's parallel item solved as a plain parallel block, then the rest of the chain."""
@@ -536,6 +547,7 @@ class Probe:
         cap, cells = t.num_devices, rows.v + 1
         span, unit = cell_key_scale(info.num_items, cap)
         best = [NO_KEY] * rows.v  # per u, the key of cell u + 1
+        written: list[int] = []
         for stop, d1 in enumerate(fewest[start, start + 1:len(rows.breaks)].tolist(), start + 1):
             if d1 > cap:
                 continue
@@ -543,13 +555,12 @@ class Probe:
             for u, devices in rows.breaks[stop]:
                 if devices <= room:
                     key = devices * unit + base
-                    if key < best[u]:
+                    held = best[u]
+                    if key < held:
+                        if held == NO_KEY:
+                            written.append(u)
                         best[u] = key
-        row: list[int] = [BIG] * cells
-        chosen: list[ChainChoice | None] = [None] * cells
-        write_segments(best, span, unit, row, chosen)
-        settle(row, chosen, cap)
-        return chosen
+        return settle_segments(best, written, span, unit, cap, cells)[1]
 
     def emit_par(self, pinfo: ParInfo, k_after: int, v: int, out: list[StageSpec], mask: int | None = None,
                  prefixes: bool = False) -> None:

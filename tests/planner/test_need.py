@@ -1,5 +1,6 @@
 """Need-vector helpers (`sp_dp.need`): the breakpoints of a table of need vectors read at once are each row's own,
-and a row of segments settled from its written cells alone is the row the two-pass step makes."""
+a row of segments settled from its written cells alone is the row the two-pass step makes, and need vectors
+read once per run of cells where they are all constant are the same vectors."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 from graphpipe.planner.sp_dp.blocks import BIG
 from graphpipe.planner.sp_dp.need import (
     NO_KEY,
+    CellRuns,
     ChainChoice,
     feasible_breakpoints,
     feasible_breakpoints_of_rows,
@@ -50,3 +52,28 @@ def test_settle_segments_is_write_then_settle(seed: int, cells: int, num_devices
     write_segments(best, written, span, unit, expected_row, expected_chosen)
     expected = settle(expected_row, expected_chosen, num_devices)
     assert settle_segments(best, written, span, unit, num_devices, cells) == (expected_row, expected_chosen, expected)
+
+
+@given(seed=st.integers(0, 2**32 - 1), cells=st.integers(1, 30), tables=st.integers(1, 3))
+def test_cell_runs_keep_every_vector(seed: int, cells: int, tables: int) -> None:
+    """Random need-vector tables (steps, BIG cells, empty tables): each vector, and a sum of vectors of different
+    tables, is its per-run values expanded; a run starts only where some vector changes; `most` is each run's
+    largest cell."""
+    rng = np.random.default_rng(seed)
+    vectors = []
+    for _ in range(tables):
+        values = rng.integers(0, 6, size=(int(rng.integers(0, 4)), cells))
+        values[rng.random(values.shape) < 0.2] = BIG
+        vectors.append(np.minimum.accumulate(values, axis=1))
+    runs = CellRuns.of(vectors, cells)
+    rows = [row for table in vectors for row in table]
+    for row in rows:
+        assert np.array_equal(runs.expand(runs.first(row)), row)
+    if len(rows) > 1:
+        assert np.array_equal(runs.expand(runs.first(rows[0]) + runs.first(rows[-1])), rows[0] + rows[-1])
+    for start in runs.starts[1:].tolist():
+        assert any(row[start] != row[start - 1] for row in rows)
+    assert int(runs.lengths.sum()) == cells
+    cell_values = rng.integers(0, 100, size=cells)
+    assert runs.most(cell_values).tolist() == [int(cell_values[a:a + n].max()) for a, n in
+                                               zip(runs.starts.tolist(), runs.lengths.tolist())]

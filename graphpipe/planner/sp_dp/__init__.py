@@ -50,7 +50,8 @@ re-solved the blocks inside it with new fork and join runs: about 3x the chain t
 solves per level of nesting, 3-5x the time. Every block content is solved once per k_after and
 with or without J: its c^2 + c layouts cost O(V) each, plus O(L·D·V) for F's stage (L the
 items of F's lane) in the few layouts that pass an O(V) floor test (`fork_join`), plus
-O(L0·L1·(D + V)) for the merge tails of a two-branch block; every chain of L items costs
+O(L0·L1·(D + R)) for the merge tails of a two-branch block (R <= V the runs of cells where the
+lanes' vectors are all constant: `need.CellRuns`); every chain of L items costs
 O(L^2·D·V) at most. Summed over the tree this is polynomial in n, and at a fixed op count it
 grows about linearly, not exponentially, with the nesting depth
 (`tests/planner/test_nested_branches.py` counts the memo entries and chain tables;

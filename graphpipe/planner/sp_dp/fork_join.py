@@ -41,7 +41,9 @@ the tail: `Probe.chain(..., end=)`) only when its floor, the lanes' `merge_tails
 plus M's devices, betters a cell of the block's vector: almost none do. Where many do, the
 branches' prefix needs come from `merge_tails.PrefixNeeds` instead (`_merges`): the floors
 themselves where no stage's devices depend on its in-flight count, else a forward pass over every
-count. Two branches only: with more, the tails of every pair would multiply the DP's work.
+count. A pair's floor and side are sums of need vectors, constant wherever all of them are, so they
+are computed per run of such cells (`need.CellRuns`), not per cell: a few runs of the 1,026 cells at
+1,024 devices. Two branches only: with more, the tails of every pair would multiply the DP's work.
 
 Nesting. A block's need vector depends on its parallel block, the ops of F and J and k_after
 only, so it is memoised by those (`tables.Block.key`), as are the extended chains (per branch
@@ -82,6 +84,7 @@ from graphpipe.planner.sp_dp.merge_tails import (
 )
 from graphpipe.planner.sp_dp.need import (
     BlockSol,
+    CellRuns,
     ChainSol,
     ForkPick,
     Layout,
@@ -382,7 +385,7 @@ class ForkJoinSolver:
         starts, devices = found[:2], found[2]
         base = np.array(psol.need[0])
         lanes: list[np.ndarray | None] = [None, None]
-        tails, floors, better = self._merge_floors(block, starts, base, devices, k_side, lanes, vec)
+        tails, (runs, floors), better = self._merge_floors(block, starts, base, devices, k_side, lanes, vec)
         pairs = np.nonzero(np.logical_or.reduce(better))
         if len(set(pairs[0].tolist())) + len(set(pairs[1].tolist())) > EXACT_AFTER:
             lanes = [self._lane_needs(block, pos, starts[pos], k_side) for pos in (0, 1)]
@@ -390,10 +393,11 @@ class ForkJoinSolver:
             if block.fork is None and len(exact) == 2:
                 tails = _Tails.of(devices, exact, None, self._room(vec, base, 0))
                 if tails.rows.size and tails.cols.size:
-                    self._write_merges(self._sides(tails, base, devices, exact), tails.starts(starts),
+                    self._write_merges(*self._sides(tails, base, devices, exact), tails.starts(starts),
                                        tails.devices(devices), vec, chosen)
                 return
-            tails, floors, better = self._merge_floors(block, starts, base, devices, k_side, lanes, vec)
+            tails, (runs, floors), better = self._merge_floors(block, starts, base, devices, k_side, lanes,
+                                                               vec)
             pairs = np.nonzero(np.logical_or.reduce(better))
         first = 0 if block.fork is None else 1
         for at0, at1 in zip(*pairs):
@@ -401,35 +405,41 @@ class ForkJoinSolver:
             merge = (int(starts[0][t0]), int(starts[1][t1]), int(devices[t0, t1]))
             for rf, (floor, hits) in enumerate(zip(floors, better)):
                 # the vector has only gone down since `better`: test the floor again against it
-                if hits[at0, at1] and any(low < now for low, now in zip(floor[at0, at1].tolist(), vec[first:])):
+                if hits[at0, at1] and any(low < now for low, now in zip(runs.expand(floor[at0, at1]).tolist(),
+                                                                         vec[first:])):
                     layout = Layout(None if block.fork is None else rf, None, merge)
                     self._place(solver, layout, self.shapes.shape(block, layout), psol, counts, vec, chosen)
 
     def _merge_floors(self, block: Block, starts: tuple[np.ndarray, ...], base: np.ndarray, devices: np.ndarray,
                       k_side: int, exact: list[np.ndarray | None], vec: list[int]
-                      ) -> tuple[_Tails, list[np.ndarray], list[np.ndarray]]:
+                      ) -> tuple[_Tails, tuple[CellRuns, list[np.ndarray]], list[np.ndarray]]:
         """The tails a bound lets through (`_Tails`), and on them, per layout kind (one without F, else one per
-        branch taking F), the floor of every pair's cells and which pairs' floors are below a cell of `vec`.
-        `base` is the parallel block's base and `devices` M's; a lane's floor is its exact need where `exact`
-        has it."""
+        branch taking F), the floor of every pair's cells, one per run of cells (`CellRuns`), and which pairs'
+        floors are below a cell of `vec`. `base` is the parallel block's base and `devices` M's; a lane's floor
+        is its exact need where `exact` has it."""
         lanes = [lane if lane is not None else self._lane_floors(block, pos, False, starts[pos], k_side)
                  for pos, lane in enumerate(exact)]
         cap = self.tables.num_devices
         if block.fork is None:  # cell v costs at least the floor at v
             tails = _Tails.of(devices, lanes, None, self._room(vec, base, 0))
-            floors = [self._sides(tails, base, devices, lanes)]
+            runs, sides = self._sides(tails, base, devices, lanes)
+            floors = [sides]
             current = np.array(vec)
         else:  # F's stage opens lane r_f: cell u + 1 costs at least that lane's floor at u + 1 plus the rest at u
             forks = [self._lane_floors(block, pos, True, starts[pos], k_side) for pos in (0, 1)]
             tails = _Tails.of(devices, lanes, forks, self._room(vec, base, 1))
-            least = base[None, None, :] + tails.devices(devices)[:, :, None]
-            own = [lanes[0][tails.rows], lanes[1][tails.cols]]
-            floors = [forks[0][tails.rows][:, None, 1:] + (least + own[1][None, :, :])[..., :-1],
-                      forks[1][tails.cols][None, :, 1:] + (least + own[0][:, None, :])[..., :-1]]
+            ahead = [forks[0][tails.rows][:, 1:], forks[1][tails.cols][:, 1:]]
+            own = [lanes[0][tails.rows][:, :-1], lanes[1][tails.cols][:, :-1]]
+            runs = CellRuns.of([base[None, :-1], *ahead, *own], len(base) - 1)
+            ahead, own = [runs.first(lane) for lane in ahead], [runs.first(lane) for lane in own]
+            least = runs.first(base[:-1])[None, None, :] + tails.devices(devices)[:, :, None]
+            floors = [ahead[0][:, None, :] + least + own[1][None, :, :],
+                      ahead[1][None, :, :] + least + own[0][:, None, :]]
             for floor in floors:
                 floor[floor > cap] = BIG  # above the devices: no cell it writes counts
             current = np.array(vec[1:])
-        return tails, floors, [np.asarray((floor < current).any(axis=2)) for floor in floors]
+        most = runs.most(current)  # a floor constant over a run betters some cell of it where it is below the most
+        return tails, (runs, floors), [np.asarray((floor < most).any(axis=2)) for floor in floors]
 
     def _room(self, vec: list[int], base: np.ndarray, shift: int) -> np.ndarray:
         """Per cell v, what a pair may add to the base and still better the vector's cell v + `shift` within the
@@ -437,20 +447,25 @@ class ForkJoinSolver:
         cells = np.minimum(np.array(vec[shift:]), self.tables.num_devices + 1)
         return np.asarray(cells - base[:len(cells)])
 
-    def _sides(self, tails: _Tails, base: np.ndarray, devices: np.ndarray, lanes: list[np.ndarray]) -> np.ndarray:
-        """Per pair of `tails` and cell, the base, M's devices and both lanes (above the devices: BIG)."""
-        sides = np.asarray(base[None, None, :] + tails.devices(devices)[:, :, None]
-                           + lanes[0][tails.rows][:, None, :] + lanes[1][tails.cols][None, :, :])
+    def _sides(self, tails: _Tails, base: np.ndarray, devices: np.ndarray,
+               lanes: list[np.ndarray]) -> tuple[CellRuns, np.ndarray]:
+        """Per pair of `tails` and run of cells (`CellRuns`), the base, M's devices and both lanes (above the devices:
+        BIG)."""
+        own = [lanes[0][tails.rows], lanes[1][tails.cols]]
+        runs = CellRuns.of([base[None, :], *own], len(base))
+        sides = np.asarray(runs.first(base)[None, None, :] + tails.devices(devices)[:, :, None]
+                           + runs.first(own[0])[:, None, :] + runs.first(own[1])[None, :, :])
         sides[sides > self.tables.num_devices] = BIG
-        return sides
+        return runs, sides
 
     @staticmethod
-    def _write_merges(sides: np.ndarray, starts: tuple[np.ndarray, ...], devices: np.ndarray, vec: list[int],
-                      chosen: list[LayoutChoice | None]) -> None:
-        """Per cell, the first pair of tails (in the pairs' order) with the least exact side, where below the cell."""
+    def _write_merges(runs: CellRuns, sides: np.ndarray, starts: tuple[np.ndarray, ...], devices: np.ndarray,
+                      vec: list[int], chosen: list[LayoutChoice | None]) -> None:
+        """Per cell, the first pair of tails (in the pairs' order) with the least exact side, where below the cell
+        (`sides` per run of cells, as `_sides` gives them: every cell of a run has its run's pair)."""
         flat = sides.reshape(-1, sides.shape[2])
-        best = flat.argmin(axis=0)  # the first occurrence: pairs in order, shortest tails first
-        least = flat[best, np.arange(flat.shape[1])]
+        first = flat.argmin(axis=0)  # the first occurrence: pairs in order, shortest tails first
+        best, least = runs.expand(first), runs.expand(flat[first, np.arange(flat.shape[1])])
         layouts: dict[int, Layout] = {}
         for v in np.flatnonzero(least < np.array(vec)).tolist():
             pair = int(best[v])

@@ -21,7 +21,7 @@ random rows), in time that grows with the cells written, not with the devices.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Final, Literal
@@ -107,6 +107,40 @@ class BlockSol:
 
     need: list[int]
     choice: list[LayoutChoice | None]
+
+
+@dataclass(frozen=True, slots=True)
+class CellRuns:
+    """The runs of cells over which every vector of some tables of need vectors is constant. A sum of such
+    vectors is constant there too, so it is computed once per run instead of once per cell: the merge
+    stages' floors and sides (`fork_join`) on two towers of 32 layers at op level on 1,024 devices are
+    5-7 runs of 1,026 cells, on 256 x 256 pairs of tails."""
+
+    starts: np.ndarray  # the first cell of each run
+    lengths: np.ndarray
+
+    @classmethod
+    def of(cls, vectors: Sequence[np.ndarray], cells: int) -> CellRuns:
+        """The runs of `vectors` (tables of rows of `cells` cells each)."""
+        changes = np.zeros(cells, dtype=bool)
+        changes[0] = True
+        for table in vectors:
+            if len(table):
+                changes[1:] |= (table[:, 1:cells] != table[:, :cells - 1]).any(axis=0)
+        starts = np.flatnonzero(changes)
+        return cls(starts, np.diff(np.append(starts, cells)))
+
+    def first(self, table: np.ndarray) -> np.ndarray:
+        """Each run's first cell of every row of `table` (its cells are the last axis)."""
+        return np.asarray(table[..., self.starts])
+
+    def most(self, cells: np.ndarray) -> np.ndarray:
+        """The largest value of `cells` over each run."""
+        return np.asarray(np.maximum.reduceat(cells, self.starts))
+
+    def expand(self, runs: np.ndarray) -> np.ndarray:
+        """Per-run values (last axis) back to one per cell."""
+        return np.repeat(runs, self.lengths, axis=-1)
 
 
 def breakpoints(need: list[int]) -> list[tuple[int, int]]:

@@ -6,12 +6,15 @@ way they are read."""
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
 from graphpipe.planner.api import make_request
 from graphpipe.planner.sp_dp import Probe, Search, build_tables, partition_sp, probe
+from graphpipe.planner.sp_dp.size_tables import SegmentOffers
+from graphpipe.planner.sp_dp.tables import ChainInfo
 from graphpipe.planner.stage_spec import StageSpec
 from tests.planner.random_sp_graphs import Case, cases
 
@@ -103,3 +106,22 @@ def test_stages_rebuilt_from_the_floors_are_the_dps(case: Case) -> None:
                                 else:  # the counts matter, under a limit only
                                     assert limit < 1e18 and not found
     assert rebuilt
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=cases())
+def test_a_probe_with_no_target_reads_only_what_it_needs(case: Case) -> None:
+    """With no target every offer a smaller degree dominates somewhere is dominated there: the offers built for
+    that target alone (`Search.offers`) give the plan that a window from the lower bound up gives, with and
+    without a binding memory limit."""
+    for limit in (1e18, case.cluster.device.memory_bytes * 0.05):
+        lone, window = _sp_search(case, limit), _sp_search(case, limit)
+        lone.lo = window.lo = lone.lower_bound_ms() * 0.999
+        window.offers = partial(_window_offers, window)  # type: ignore[method-assign]
+        assert lone.probe(math.inf) == window.probe(math.inf)
+        assert all(math.isinf(offers.low) for offers in lone._offers.values())
+
+
+def _window_offers(search: Search, info: ChainInfo, target_ms: float) -> SegmentOffers:
+    """The offers of the window from the search's lower end to no bound, whatever the target."""
+    return search.tables.build_offers(info, search.lo, math.inf)

@@ -1,5 +1,5 @@
 """The first probes of a size's search (`sp_dp.search.Search.start`): the walk up from the guess, the fallback
-another size left when its own walk failed, and the probe with no target last."""
+another size left when its own walk failed, the probe with no target, and the climb below its plan."""
 
 from __future__ import annotations
 
@@ -11,15 +11,17 @@ from graphpipe.planner.sp_dp.search import Search
 
 
 class _Size:
-    """A size whose plans exist from `optimum` (in units of its lower bound, 1.0) up: `Search.start` over a
-    stand-in for the DP's probe that records the targets probed."""
+    """A size whose plans exist from `optimum` (in units of its lower bound, 1.0) up, and whose plan with no target
+    has the bottleneck `worst` (None: no plan at all): `Search.start` over stand-ins for the DP's probes that
+    record the targets probed."""
 
     start = Search.start
 
-    def __init__(self, optimum: float) -> None:
-        self.optimum = optimum
+    def __init__(self, optimum: float, worst: float | None = 1000.0) -> None:
+        self.optimum, self.worst = optimum, worst
         self.probed: list[float] = []
-        self.lo = self.window_top = 0.0
+        self.lo = self.hi = self.window_top = 0.0
+        self.best: list[float] = []
         self.unguided = self.fell_back = False
 
     def lower_bound_ms(self) -> float:
@@ -27,13 +29,46 @@ class _Size:
 
     def attempt(self, target_ms: float) -> bool:
         self.probed.append(target_ms)
-        return target_ms >= self.optimum
+        if target_ms < self.optimum:
+            return False
+        self.best, self.hi = [target_ms], target_ms
+        return True
+
+    def probe(self, target_ms: float) -> list[float] | None:
+        assert math.isinf(target_ms), "a plan with a target comes from `attempt`"
+        self.probed.append(target_ms)
+        return None if self.worst is None else [self.worst]
+
+    @staticmethod
+    def bottleneck_ms(plan: list[float]) -> float:
+        return plan[0]
 
 
-def test_a_size_beyond_the_first_guess_is_found_with_no_target() -> None:
+LO = 1.0 - 1e-3  # `start`'s lower end: the bound less the search's tolerance
+
+
+def test_a_size_beyond_the_first_guess_is_found_with_no_target_then_climbs() -> None:
+    """Only the probe with no target finds a plan (far above the optimum); the climb from the bound finds one at 4x."""
     size = _Size(optimum=3.7)
     assert size.start()
-    assert size.probed == [1.6, 1.6 * 1.05, 1.6 * 1.2, math.inf] and size.unguided
+    assert size.probed == pytest.approx([1.6, 1.6 * 1.05, 1.6 * 1.2, math.inf, LO * 4]) and size.unguided
+    assert size.hi == pytest.approx(LO * 4)
+
+
+def test_a_size_with_no_plan_at_all_costs_one_probe_past_the_walk() -> None:
+    size = _Size(optimum=math.inf, worst=None)
+    assert not size.start()
+    assert size.probed == [1.6, 1.6 * 1.05, 1.6 * 1.2, math.inf]
+
+
+@pytest.mark.parametrize(("optimum", "worst", "climbed"), [(300.0, 1000.0, [4, 16, 64, 256]), (10.0, 12.0, [4])])
+def test_a_climb_that_fails_below_the_plan_with_no_target_keeps_that_plan(optimum: float, worst: float,
+                                                                           climbed: list[int]) -> None:
+    """The climb stops below that plan's bottleneck: a target above it could only find it again."""
+    size = _Size(optimum=optimum, worst=worst)
+    assert size.start()
+    assert size.probed == pytest.approx([1.6, 1.6 * 1.05, 1.6 * 1.2, math.inf] + [LO * step for step in climbed])
+    assert size.best == [worst] and size.hi == worst and size.unguided
 
 
 def test_the_next_size_walks_up_from_the_fallback_and_is_guided() -> None:
@@ -56,4 +91,4 @@ def test_a_fallback_within_the_failed_walk_is_not_probed(tolerance: float, walk:
     """Its target failed already, as everything below the walk's last target did."""
     size = _Size(optimum=9.0)
     assert size.start(guess_ms=2.0, tolerance=tolerance, far_ms=2.0 * 1.15)
-    assert size.probed == pytest.approx([2.0 * step for step in walk] + [math.inf]) and size.unguided
+    assert size.probed == pytest.approx([2.0 * step for step in walk] + [math.inf, LO * 4, LO * 16]) and size.unguided

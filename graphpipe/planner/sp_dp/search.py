@@ -36,6 +36,8 @@ TOLERANCE = 1e-3
 COARSE_TOLERANCE = 5e-2
 COARSE_KEEP = 1.05
 FIRST_GUESS = 1.6  # optimum / lower bound is 1.2-1.6 on most of the paper's configurations, up to 2.8
+CLIMB_STEP = 4.0  # where only a probe with no target found a plan, `Search.start` probes its bound times 4 ... 256
+CLIMB_STEPS = 4
 
 BoundKey = tuple[int, int, frozenset[str]]  # (micro-batch size, devices, ops)
 
@@ -146,7 +148,7 @@ class Search:
         self.best: list[StageSpec] = []
         self.lo = self.hi = 0.0
         self.window_top = 0.0  # the largest target the search expects to probe (`offers` builds up to it)
-        self.unguided = False  # `start` found its first plan only with no target: far from the optimum
+        self.unguided = False  # `start` found its first plan only on its climb or with no target: far from optimum
         self.fell_back = False  # `start` found its first plan on the walk from another size's fallback
         self._lower_bound: float | None = None
         self._band: Band | None = None  # the root chain's band at a ceiling `may_meet` let through (`offers`)
@@ -165,11 +167,13 @@ class Search:
         Built for a window of targets and reused while the targets stay in it: the binary search's
         interval once its lower end is known (`start`), which later probes never leave, else only this
         target (a lone chain-ceiling probe: from the band `may_meet` read at it, where the chain has one, without
-        the segment table); rebuilt when a target falls outside. Twins share them."""
+        the segment table; a probe with no target: only the offers no smaller degree dominates);
+        rebuilt when a target falls outside. Twins share them."""
         hit = self._offers.get(info.content)
         if hit is None or not hit.low <= target_ms <= hit.bound:
             top = max(target_ms, self.hi, self.window_top)
-            low, bound = (self.lo, top) if 0 < self.lo <= target_ms else (target_ms, target_ms)
+            lone = math.isinf(target_ms) or not 0 < self.lo <= target_ms
+            low, bound = (target_ms, target_ms) if lone else (self.lo, top)
             band, self._band = self._band, None  # read once: a probe at another target needs the table
             if band is not None and band.info is info and low == bound == band.target:
                 hit = band.offers()
@@ -238,10 +242,15 @@ class Search:
         """First feasible plan (False: none at this size). The guess (from another size, else FIRST_GUESS
         times the lower bound) is probed, then above it by steps growing from `tolerance` fourfold, then
         from `far_ms` up the same way if that walk stopped below it, and last with no TPS target, which
-        tells whether the size has a plan at all. A close guess brackets the optimum in about two probes;
-        a low one costs a few failed probes, which are cheap (few offers are within a tight target), where
-        a loose one costs a slow first probe. `far_ms` is where another size found its optimum after a
-        walk like this one had failed (`partition_sp`): far above its bound, as when devices far
+        tells whether the size has a plan at all. That probe reads only the offers no smaller degree
+        dominates (`offers`), and where it finds a plan, the climb probes the bound times 4, 16, 64 and 256
+        below that plan's bottleneck, so that the first plan and the window of offers are within a few
+        times the bound: the plan with no target may be far above the optimum (35x on a 128-layer
+        transformer at op level on 1,024 devices), and a window up to it holds every segment that fits
+        (2 million offers there, 0.7 GB of them). A close guess brackets the optimum in
+        about two probes; a low one costs a few failed probes, which are cheap (few offers are within a
+        tight target), where a loose one costs a slow first probe. `far_ms` is where another size found its
+        optimum after a walk like this one had failed (`partition_sp`): far above its bound, as when devices far
         outnumber the ops and the bound says little, and then this size's optimum is likely near there
         too; where memory bound that size instead, this size's walk usually succeeds first."""
         self.lo = self.lower_bound_ms() * (1 - TOLERANCE)  # set first: `offers` then builds for the whole search
@@ -256,7 +265,14 @@ class Search:
             if self.fell_back:
                 return True
         self.unguided = True
-        return self.attempt(math.inf)
+        found = self.probe(math.inf)  # whether the size has a plan at all
+        if found is None:
+            return False
+        worst = self.bottleneck_ms(found)
+        climb = [self.lo * CLIMB_STEP ** step for step in range(1, CLIMB_STEPS + 1)]
+        if not any(self.attempt(target) for target in climb if walk[-1] < target < worst):
+            self.best, self.hi = found, worst
+        return True
 
     def narrow(self, tolerance: float, near_top: bool = True) -> None:
         """Shrink [lo, hi] below `tolerance` relative. When `hi` is likely close to the optimum (`near_top`),
@@ -293,8 +309,8 @@ def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_
     that size could be among the best. Every other size is searched to COARSE_TOLERANCE,
     starting from a guess: the previous size's optimum scaled by the ratio of the two sizes'
     lower bounds (optimum / lower bound varies little between neighbouring sizes). A size whose
-    first plan came only with no target (`Search.unguided`: memory binds it, or its bound is
-    loose, as with far more devices than ops) is narrowed by bisection, and its ratio is no
+    first plan came only on the climb or with no target (`Search.unguided`: memory binds it, or its
+    bound is loose, as with far more devices than ops) is narrowed by bisection, and its ratio is no
     guess for the next size but a fallback, walked up from once the walk from the guess fails:
     where memory bound it, the next size's optimum is usually far below; where the bound was
     loose, near it (mmt with 32 layers per branch at 1,024 devices: 3.7x its bound). Then, best

@@ -39,7 +39,7 @@ def max_in_flight_micro_batches(param_bytes: float, act_bytes_per_micro_batch: f
 
 def max_in_flight_micro_batches_array(param_bytes: np.ndarray, act_bytes_per_micro_batch: np.ndarray,
                                       memory_limit: float, num_micro_batches: int, cap: int) -> np.ndarray:
-    """`max_in_flight_micro_batches` elementwise as int64, UNBOUNDED and anything above `cap` read as `cap` (the
+    """`max_in_flight_micro_batches` elementwise as int32, UNBOUNDED and anything above `cap` read as `cap` (the
     most the DP asks for). `act_bytes_per_micro_batch` is overwritten.
 
     The quotient is rounded before the floor, where the scalar's `//` floors the exact quotient: the two
@@ -54,4 +54,4 @@ def max_in_flight_micro_batches_array(param_bytes: np.ndarray, act_bytes_per_mic
     np.fmin(k_max, most, out=k_max)  # fmin takes the cap over nan
     np.copyto(k_max, most, where=whole)
     np.copyto(k_max, -1.0, where=spare < 0)
-    return k_max.astype(np.int64)
+    return k_max.astype(np.int32)

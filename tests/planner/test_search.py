@@ -30,6 +30,7 @@ class _Size:
     def attempt(self, target_ms: float) -> bool:
         self.probed.append(target_ms)
         if target_ms < self.optimum:
+            self.lo = max(self.lo, target_ms)  # as `Search.attempt`: nothing at or below a failed target
             return False
         self.best, self.hi = [target_ms], target_ms
         return True
@@ -44,15 +45,16 @@ class _Size:
         return plan[0]
 
 
-LO = 1.0 - 1e-3  # `start`'s lower end: the bound less the search's tolerance
+FAILED = 1.6 * 1.2  # the walk's last target, the highest that failed
 
 
 def test_a_size_beyond_the_first_guess_is_found_with_no_target_then_climbs() -> None:
-    """Only the probe with no target finds a plan (far above the optimum); the climb from the bound finds one at 4x."""
+    """Only the probe with no target finds a plan (far above the optimum); the climb from the highest target
+    that failed finds one at 4x it."""
     size = _Size(optimum=3.7)
     assert size.start()
-    assert size.probed == pytest.approx([1.6, 1.6 * 1.05, 1.6 * 1.2, math.inf, LO * 4]) and size.unguided
-    assert size.hi == pytest.approx(LO * 4)
+    assert size.probed == pytest.approx([1.6, 1.6 * 1.05, FAILED, math.inf, FAILED * 4]) and size.unguided
+    assert size.hi == pytest.approx(FAILED * 4)
 
 
 def test_a_size_with_no_plan_at_all_costs_one_probe_past_the_walk() -> None:
@@ -61,13 +63,13 @@ def test_a_size_with_no_plan_at_all_costs_one_probe_past_the_walk() -> None:
     assert size.probed == [1.6, 1.6 * 1.05, 1.6 * 1.2, math.inf]
 
 
-@pytest.mark.parametrize(("optimum", "worst", "climbed"), [(300.0, 1000.0, [4, 16, 64, 256]), (10.0, 12.0, [4])])
+@pytest.mark.parametrize(("optimum", "worst", "climbed"), [(600.0, 1000.0, [4, 16, 64, 256]), (10.0, 12.0, [4])])
 def test_a_climb_that_fails_below_the_plan_with_no_target_keeps_that_plan(optimum: float, worst: float,
                                                                            climbed: list[int]) -> None:
     """The climb stops below that plan's bottleneck: a target above it could only find it again."""
     size = _Size(optimum=optimum, worst=worst)
     assert size.start()
-    assert size.probed == pytest.approx([1.6, 1.6 * 1.05, 1.6 * 1.2, math.inf] + [LO * step for step in climbed])
+    assert size.probed == pytest.approx([1.6, 1.6 * 1.05, FAILED, math.inf] + [FAILED * step for step in climbed])
     assert size.best == [worst] and size.hi == worst and size.unguided
 
 
@@ -91,4 +93,5 @@ def test_a_fallback_within_the_failed_walk_is_not_probed(tolerance: float, walk:
     """Its target failed already, as everything below the walk's last target did."""
     size = _Size(optimum=9.0)
     assert size.start(guess_ms=2.0, tolerance=tolerance, far_ms=2.0 * 1.15)
-    assert size.probed == pytest.approx([2.0 * step for step in walk] + [math.inf, LO * 4, LO * 16]) and size.unguided
+    assert size.probed == pytest.approx([2.0 * step for step in walk] + [math.inf, 2.0 * walk[-1] * 4])
+    assert size.unguided

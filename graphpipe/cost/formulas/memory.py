@@ -40,7 +40,8 @@ def max_in_flight_micro_batches(param_bytes: float, act_bytes_per_micro_batch: f
 def max_in_flight_micro_batches_array(param_bytes: np.ndarray, act_bytes_per_micro_batch: np.ndarray,
                                       memory_limit: float, num_micro_batches: int, cap: int) -> np.ndarray:
     """`max_in_flight_micro_batches` elementwise as int32, UNBOUNDED and anything above `cap` read as `cap` (the
-    most the DP asks for). `act_bytes_per_micro_batch` is overwritten.
+    most the DP asks for), anything below -1 (negative activation bytes: the DP's tables hold them where a
+    stop precedes its start, cells no segment is) as -1. `act_bytes_per_micro_batch` is overwritten.
 
     The quotient is rounded before the floor, where the scalar's `//` floors the exact quotient: the two
     agree whenever the byte counts are whole numbers below 2**52."""
@@ -54,4 +55,5 @@ def max_in_flight_micro_batches_array(param_bytes: np.ndarray, act_bytes_per_mic
     np.fmin(k_max, most, out=k_max)  # fmin takes the cap over nan
     np.copyto(k_max, most, where=whole)
     np.copyto(k_max, -1.0, where=spare < 0)
+    np.fmax(k_max, -1.0, out=k_max)
     return k_max.astype(np.int32)

@@ -36,7 +36,7 @@ TOLERANCE = 1e-3
 COARSE_TOLERANCE = 5e-2
 COARSE_KEEP = 1.05
 FIRST_GUESS = 1.6  # optimum / lower bound is 1.2-1.6 on most of the paper's configurations, up to 2.8
-CLIMB_STEP = 4.0  # where only a probe with no target found a plan, `Search.start` probes its bound times 4 ... 256
+CLIMB_STEP = 4.0  # where only a probe with no target found a plan, `Search.start` climbs from the last failed target
 CLIMB_STEPS = 4
 
 BoundKey = tuple[int, int, frozenset[str]]  # (micro-batch size, devices, ops)
@@ -243,16 +243,17 @@ class Search:
         times the lower bound) is probed, then above it by steps growing from `tolerance` fourfold, then
         from `far_ms` up the same way if that walk stopped below it, and last with no TPS target, which
         tells whether the size has a plan at all. That probe reads only the offers no smaller degree
-        dominates (`offers`), and where it finds a plan, the climb probes the bound times 4, 16, 64 and 256
-        below that plan's bottleneck, so that the first plan and the window of offers are within a few
-        times the bound: the plan with no target may be far above the optimum (35x on a 128-layer
-        transformer at op level on 1,024 devices), and a window up to it holds every segment that fits
-        (2 million offers there, 0.7 GB of them). A close guess brackets the optimum in
-        about two probes; a low one costs a few failed probes, which are cheap (few offers are within a
-        tight target), where a loose one costs a slow first probe. `far_ms` is where another size found its
-        optimum after a walk like this one had failed (`partition_sp`): far above its bound, as when devices far
-        outnumber the ops and the bound says little, and then this size's optimum is likely near there
-        too; where memory bound that size instead, this size's walk usually succeeds first."""
+        dominates (`offers`), and where it finds a plan, the climb probes the highest target that failed
+        times 4, 16, 64 and 256, below that plan's bottleneck, so that the first plan and the window of
+        offers are within a few times what is known to fail: the plan with no target may be far above
+        the optimum (35x on a 128-layer transformer at op level on 1,024 devices), and a window up to it
+        holds every segment that fits (2 million offers there, 0.7 GB of them). A close guess brackets
+        the optimum in about two probes; a low one costs a few failed probes, which are cheap (few offers
+        are within a tight target), where a loose one costs a slow first probe. `far_ms` is where another
+        size found its optimum after a walk like this one had failed (`partition_sp`): far above its
+        bound, as when devices far outnumber the ops and the bound says little, and then this size's
+        optimum is likely near there too; where memory bound that size instead, this size's walk usually
+        succeeds first."""
         self.lo = self.lower_bound_ms() * (1 - TOLERANCE)  # set first: `offers` then builds for the whole search
         if guess_ms is None:
             guess_ms = self.lower_bound_ms() * FIRST_GUESS
@@ -268,9 +269,9 @@ class Search:
         found = self.probe(math.inf)  # whether the size has a plan at all
         if found is None:
             return False
-        worst = self.bottleneck_ms(found)
-        climb = [self.lo * CLIMB_STEP ** step for step in range(1, CLIMB_STEPS + 1)]
-        if not any(self.attempt(target) for target in climb if walk[-1] < target < worst):
+        worst, failed = self.bottleneck_ms(found), self.lo  # every target up to `failed` found no plan
+        climb = [failed * CLIMB_STEP ** step for step in range(1, CLIMB_STEPS + 1)]
+        if not any(self.attempt(target) for target in climb if target < worst):
             self.best, self.hi = found, worst
         return True
 

@@ -31,6 +31,7 @@ from graphpipe.planner.api import plan_candidates
 from graphpipe.planner.granularity import boundary_blocks, refine_limit
 from graphpipe.planner.notes import batch_coupling_notes
 from graphpipe.planner.options import PlanOptions, plan_options
+from graphpipe.planner.progress import SizeDone, size_steps
 from graphpipe.stages.stage_graph import Plan
 from graphpipe.stages.validate import check_runtime_rules
 
@@ -114,7 +115,8 @@ def _plan_at(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_si
         iteration_s = best.global_batch_size * best.predicted_tps_ms / 1e3
         best = dataclasses.replace(best, predicted_iteration_s=iteration_s)
     else:
-        ranked = _best_simulated(candidates, costs, cluster, beat_s)
+        phase = "ranking (refined)" if open_blocks else "ranking"
+        ranked = _best_simulated(candidates, costs, cluster, beat_s, size_steps(opts.progress, phase, len(candidates)))
         if ranked is None:
             return None
         iteration_s, best = ranked
@@ -138,25 +140,31 @@ def _using_all(candidates: Sequence[Plan], num_devices: int, planner: str) -> tu
     return full
 
 
-def _best_simulated(candidates: Sequence[Plan], costs: CostTable, cluster: Cluster,
-                    beat_s: float = math.inf) -> tuple[float, Plan] | None:
+def _best_simulated(candidates: Sequence[Plan], costs: CostTable, cluster: Cluster, beat_s: float = math.inf,
+                    simulated: SizeDone | None = None) -> tuple[float, Plan] | None:
     """(simulated iteration seconds, plan) of the fastest candidate; ties go to the smaller TPS, then to the
     earlier candidate. Candidates are simulated by increasing lower bound (`plan_bounds`), and
     those whose bound is above the best iteration so far, or above `beat_s`, are skipped: they could not
     win, and they are the slow ones to simulate (many micro-batches). A simulation also stops as soon as
     its iteration is certain to be longer than the best so far (`iteration_time_s`). None when every
-    bound is above `beat_s`."""
+    bound is above `beat_s`. `simulated` is called with each candidate's micro-batch size once it is
+    ranked, simulated or not (progress)."""
     from graphpipe.simulation.simulator import iteration_time_s, plan_bounds
 
     per_plan = [plan_bounds(candidate, costs, cluster) for candidate in candidates]
     bounds = sorted((found.lower_bound_s, idx) for idx, found in enumerate(per_plan))
     best: tuple[tuple[float, float, int], Plan] | None = None
-    for bound, idx in bounds:
+    for rank, (bound, idx) in enumerate(bounds):
         to_beat = min(beat_s, best[0][0] if best is not None else math.inf) * (1 + BOUND_SLACK)
         if bound > to_beat:
+            if simulated is not None:
+                for _, rest in bounds[rank:]:  # ranked without a simulation
+                    simulated(candidates[rest].stages[0].micro_batch_size)
             break  # sorted: no later candidate can win either
         candidate = candidates[idx]
         iteration_s = iteration_time_s(candidate, costs, cluster, candidate.schedule, to_beat, per_plan[idx])
+        if simulated is not None:
+            simulated(candidate.stages[0].micro_batch_size)
         if iteration_s is None:
             continue
         key = (iteration_s, candidate.predicted_tps_ms, idx)

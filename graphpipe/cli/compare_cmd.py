@@ -110,13 +110,16 @@ def compare_model(model: str, args: argparse.Namespace, devices: list[int], batc
 
 def _one(model: str, planner: str, graph: Any, costs: Any, cluster: Any, batch: int, schedule: str,
          granularity: str = "op", limits: dict[str, Any] | None = None) -> Row:
+    from graphpipe.cli.plan_progress import PlanProgressBar
     from graphpipe.planning import plan as make_plan
     from graphpipe.simulation.simulator import simulate
 
     base = {"model": model, "num_devices": cluster.num_devices, "global_batch_size": batch, "planner": planner}
     start = time.perf_counter()
     try:
-        planned = make_plan(graph, costs, cluster, batch, planner=planner, granularity=granularity, **(limits or {}))
+        with PlanProgressBar(f"{planner} on {cluster.num_devices} devices") as progress:
+            planned = make_plan(graph, costs, cluster, batch, planner=planner, granularity=granularity,
+                                progress=progress, **(limits or {}))
         result = simulate(planned, costs, cluster, schedule=schedule)
     except GraphPipeError as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__

@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _plan_and_simulate(planner: str, graph: Any, costs: Any, source: Any, cluster: Any,
                        args: argparse.Namespace) -> dict[str, Any]:
+    from graphpipe.cli.plan_progress import PlanProgressBar
     from graphpipe.cli.simulate_cmd import model_spec_from_args
     from graphpipe.errors import GraphPipeError
     from graphpipe.planning import plan as make_plan
@@ -94,8 +95,9 @@ def _plan_and_simulate(planner: str, graph: Any, costs: Any, source: Any, cluste
 
     start = time.perf_counter()
     try:
-        planned = make_plan(graph, costs, cluster, args.mini_batch, planner=planner,
-                            micro_batch_sizes=micro_batch_sizes(args), cost_source=source)
+        with PlanProgressBar(planner) as progress:
+            planned = make_plan(graph, costs, cluster, args.mini_batch, planner=planner,
+                                micro_batch_sizes=micro_batch_sizes(args), cost_source=source, progress=progress)
     except GraphPipeError as err:
         return {"planner": planner, "error": str(err).splitlines()[0]}
     planned = type(planned).from_dict({**planned.to_dict(),

@@ -14,6 +14,7 @@ from graphpipe.cli.common import (
     positive_int,
     print_json,
 )
+from graphpipe.cli.plan_progress import PlanProgressBar
 from graphpipe.graph.layers import layer_blocks, layer_unit_count
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.graph.sp import stage_units
@@ -115,9 +116,10 @@ def run(args: argparse.Namespace) -> int:
     sizes = parse_sizes(args.micro_batch_sizes)
     limit = args.memory_limit_gib * 2**30 if args.memory_limit_gib is not None else None
     global_batch = args.global_batch or args.batch or 128
-    result = plan(graph, costs, cluster, global_batch, planner=args.planner, micro_batch_sizes=sizes,
-                  memory_limit=limit, rank_by=args.rank_by, use_all_devices=args.use_all_devices,
-                  granularity=args.granularity, cost_source=source, **planner_limits(args))
+    with PlanProgressBar(args.planner) as progress:
+        result = plan(graph, costs, cluster, global_batch, planner=args.planner, micro_batch_sizes=sizes,
+                      memory_limit=limit, rank_by=args.rank_by, use_all_devices=args.use_all_devices,
+                      granularity=args.granularity, cost_source=source, progress=progress, **planner_limits(args))
     result = dataclasses.replace(result, model_spec=model_spec_from_args(args, source.device))
     if args.output:
         result.save(args.output)

@@ -141,6 +141,7 @@ def _forwarded(args: argparse.Namespace) -> list[str]:
 def _plan_now(args: argparse.Namespace, path: Path) -> str:
     """Plan the model for --nproc local CPU workers with analytic `cpu` costs; returns the plan's path."""
     from graphpipe.cli.common import capture_from_args, model_options
+    from graphpipe.cli.plan_progress import PlanProgressBar
     from graphpipe.cost.cluster import Cluster
     from graphpipe.cost.sources import choose_costs
     from graphpipe.planning import plan as make_plan
@@ -153,8 +154,9 @@ def _plan_now(args: argparse.Namespace, path: Path) -> str:
     batch = args.batch or zoo.batch_size
     cluster = Cluster.preset("local-cpu", args.nproc)
     costs, source = choose_costs(graph, cluster=cluster, dtype=ACTIVATION_DTYPES[args.dtype])
-    planned = make_plan(graph, costs, cluster, batch, planner=args.planner, use_all_devices=args.use_all_devices,
-                        granularity=args.granularity, cost_source=source)
+    with PlanProgressBar(args.planner) as progress:
+        planned = make_plan(graph, costs, cluster, batch, planner=args.planner, use_all_devices=args.use_all_devices,
+                            granularity=args.granularity, cost_source=source, progress=progress)
     spec = {"model": args.model, "preset": args.preset, "batch": args.batch, "options": model_options(args),
             "leaf_modules": list(args.leaf_modules), "device": cluster.device.name, "capture": graph.capture}
     planned = dataclasses.replace(planned, model_spec=spec)

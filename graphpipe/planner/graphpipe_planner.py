@@ -27,11 +27,13 @@ from graphpipe.planner.stage_spec import Partition, StageSpec
 
 def plan_graphpipe(request: PlanRequest) -> list[Partition]:
     model, sizes, limit = request.model, request.micro_batch_sizes, request.memory_limit
-    found = partition_sp(model, request.sp_tree, request.num_devices, sizes, limit, every_size=request.every_size)
+    found = partition_sp(model, request.sp_tree, request.num_devices, sizes, limit, every_size=request.every_size,
+                         size_done=request.size_steps("stage graphs"))
     partitions = [Partition(stages=tuple(stages)) for plans in found.values() for stages in plans]
     if not is_the_chain(request.sp_tree, request.chain_tree):
         chains = partition_sp(model, request.chain_tree, request.num_devices, sizes, limit,
-                              ceiling_ms=chain_ceiling(model, found), every_size=request.every_size)
+                              ceiling_ms=chain_ceiling(model, found), every_size=request.every_size,
+                              size_done=request.size_steps("chains"))
         seen = {frozenset(partition.stages) for partition in partitions}
         partitions += [Partition(stages=tuple(stages), sequential=True) for plans in chains.values()
                        for stages in plans if frozenset(stages) not in seen]

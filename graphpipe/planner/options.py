@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from graphpipe.errors import PlanningError
 from graphpipe.planner.granularity import check_granularity
+from graphpipe.planner.progress import PlanProgressFn
 
 RANKINGS = ("simulation", "tps")
 
@@ -38,6 +39,8 @@ class PlanOptions:
       the original's IDEALS_EXPLORATION_LIMIT).
     - fixed_micro_batch: parallel-only holds this micro-batch size; None: that of the sequential
       plan the same ranking picks.
+    - progress: called with a `graphpipe.planner.progress.PlanProgress` after each micro-batch size a search
+      has done and each candidate the ranking has simulated (`graphpipe plan` shows it as a bar); None: silent.
     """
 
     planner: str = "graphpipe"
@@ -51,6 +54,7 @@ class PlanOptions:
     max_downsets: int | None = None
     max_explored: int | None = None
     fixed_micro_batch: int | None = None
+    progress: PlanProgressFn | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.micro_batch_sizes is not None:

@@ -19,6 +19,7 @@ from graphpipe.graph.layers import LayerBlock, coarsen_units, layer_blocks
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.graph.sp import SPChain, SPLeaf, StageUnits, sp_decompose, stage_units
 from graphpipe.planner.options import PlanOptions
+from graphpipe.planner.progress import SizeDone, size_steps
 from graphpipe.planner.stage_cost import CostModel
 
 
@@ -39,6 +40,13 @@ class PlanRequest:
     @property
     def num_devices(self) -> int:
         return self.cluster.num_devices
+
+    def size_steps(self, phase: str) -> SizeDone | None:
+        """What a search over this request's micro-batch sizes calls with each size it has done, to report
+        `phase` to the options' `progress` (`graphpipe.planner.progress.size_steps`); a refinement's search
+        ("auto", with blocks opened) says so in its phase."""
+        label = f"{phase} (refined)" if self.open_blocks else phase
+        return size_steps(self.options.progress, label, len(self.micro_batch_sizes))
 
     @cached_property
     def model(self) -> CostModel:

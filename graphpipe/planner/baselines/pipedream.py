@@ -72,11 +72,13 @@ def plan_pipedream(request: PlanRequest) -> list[Partition]:
             "the DP prices every stage, and their number grows with the square of the states: "
             f"{smaller_graph_advice(request.granularity)}") from None
     sums = StateSums(dag, request.model, request.units)
-    found = []
+    found, size_done = [], request.size_steps("chains")
     for size in request.micro_batch_sizes:
         stages = _solve(request, dag, pairs, sums, size, check)
         if stages is not None:
             found.append(Partition(stages=tuple(stages), sequential=True))
+        if size_done is not None:
+            size_done(size)
     return found
 
 

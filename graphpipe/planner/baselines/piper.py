@@ -84,13 +84,15 @@ def plan_piper(request: PlanRequest) -> list[Partition]:
     edges = boundary(request)
     search = Search(request, downsets, edges, deadline)
     prefixes = Search(request, prefix_downsets(len(request.units.keys)), edges, deadline)
-    found = []
+    found, size_done = [], request.size_steps("chains")
     for size in request.micro_batch_sizes:
         prefix_best = solve(prefixes, size, np.inf)  # None: no chain of prefixes fits, search without a bound
         bound = prefix_best[0] * (1 + BOUND_SLACK) if prefix_best is not None else np.inf
         best = solve(search, size, bound)
         if best is not None:
             found.append(Partition(stages=tuple(best[1]), sequential=True))
+        if size_done is not None:
+            size_done(size)
     return found
 
 

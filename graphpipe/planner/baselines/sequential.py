@@ -14,5 +14,5 @@ from graphpipe.planner.stage_spec import Partition
 
 def plan_sequential(request: PlanRequest) -> list[Partition]:
     found = partition_sp(request.model, request.chain_tree, request.num_devices, request.micro_batch_sizes,
-                         request.memory_limit, every_size=request.every_size)
+                         request.memory_limit, every_size=request.every_size, size_done=request.size_steps("chains"))
     return [Partition(stages=tuple(stages), sequential=True) for plans in found.values() for stages in plans]

@@ -301,7 +301,8 @@ class Search:
 def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_sizes: Sequence[int],
                  memory_limit: float, tolerance: float = TOLERANCE,
                  ceiling_ms: float | None = None, every_size: bool = False,
-                 memo: ModelMemo | None = None) -> dict[int, list[list[StageSpec]]]:
+                 memo: ModelMemo | None = None,
+                 size_done: Callable[[int], None] | None = None) -> dict[int, list[list[StageSpec]]]:
     """Best SP-aligned stage graph per micro-batch size, first in each size's list (sizes with no feasible
     plan are left out).
 
@@ -326,7 +327,8 @@ def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_
     With `ceiling_ms`, only plans whose bottleneck is at most the ceiling are searched for (one
     probe per size when there are none, none when the size's lower bound is above the ceiling or
     its floor says no plan meets it: `Search.may_meet`).
-    `memo`: what calls on the same model share (`ModelMemo.of(model)` by default).
+    `memo`: what calls on the same model share (`ModelMemo.of(model)` by default). `size_done` is called with
+    each size once its search is over or it is skipped (`PlanRequest.size_steps`: progress).
     """
     chains, pars = build_tables(model, tree)
     constants: dict[int, ChainConstants] = {}
@@ -339,6 +341,8 @@ def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_
     for size in sorted(micro_batch_sizes, reverse=True):
         searched = _coarse(Search(model, tree, num_devices, size, memory_limit, chains, pars, constants, shapes, memo),
                            min(coarse_hi.values(), default=math.inf), ceiling_ms, ratio, tolerance, far)
+        if size_done is not None and (searched is None or not every_size):
+            size_done(size)  # with `every_size`, once narrowed below
         if searched is None:
             continue
         search, bound = searched
@@ -349,6 +353,8 @@ def partition_sp(model: CostModel, tree: SPChain, num_devices: int, micro_batch_
             ratio = search.hi / bound
         if every_size:
             finished[size] = _every_plan(search, tolerance)
+            if size_done is not None:
+                size_done(size)
         else:
             searches[size] = search
         del search, searched  # with `every_size`, the next size builds its tables without this one's

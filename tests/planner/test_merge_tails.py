@@ -202,13 +202,18 @@ def _no_floors(self: ForkJoinSolver, chain: ChainInfo, k_after: int) -> np.ndarr
 @given(case=cases(shapes=MERGING))
 def test_pruning_merge_layouts_changes_no_plan(case: Case) -> None:
     """The same plans whichever way the merge layouts are written: pruned by their floors and placed one by one
-    (never exact), from the lanes' exact needs at once wherever a block has no fork run (always exact), as the
-    search chooses, and with no floors at all."""
+    (never exact), each with both lanes solved rather than a lane left unsolved once the other's need and its
+    floor say the pair betters no cell, from the lanes' exact needs at once wherever a block has no fork run
+    (always exact), as the search chooses, and with no floors at all."""
     for limit in (NO_LIMIT, _tight_limit(case)):
         chosen = _plans(case, limit)
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(fork_join, "EXACT_AFTER", 1 << 30)
             one_by_one = _plans(case, limit)
+            patch.setattr(ForkJoinSolver, "_place_merge", _place_whole)
+            whole = _plans(case, limit)
+            patch.undo()
+            patch.setattr(fork_join, "EXACT_AFTER", 1 << 30)
             patch.setattr(fork_join, "EXACT_AFTER", -1)
             at_once = _plans(case, limit)
             patch.setattr(fork_join, "EXACT_AFTER", 1 << 30)
@@ -216,7 +221,15 @@ def test_pruning_merge_layouts_changes_no_plan(case: Case) -> None:
             every = _plans(case, limit)
             patch.setattr(fork_join._Tails, "of", classmethod(_every_tail))
             every_tail = _plans(case, limit)
-        assert chosen == one_by_one == at_once == every == every_tail
+        assert chosen == one_by_one == whole == at_once == every == every_tail
+
+
+def _place_whole(self: ForkJoinSolver, solver: fork_join.ChainSolver, layout: fork_join.Layout,
+                 shape: fork_join._Shape, psol: fork_join.ParSol, k_side: int, vec: list[int],
+                 chosen: list[fork_join.LayoutChoice | None], floors: list[list[int]]) -> None:
+    """A merge layout placed with both lanes solved (`ForkJoinSolver._place`): every lane is at J's side."""
+    del floors
+    self._place(solver, layout, shape, psol, (k_side - 1, k_side), vec, chosen)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

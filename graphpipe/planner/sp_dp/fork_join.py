@@ -268,6 +268,12 @@ class _Tails:
         return starts[0][self.rows], starts[1][self.cols]
 
 
+def _may_better(side: list[int], floors: Sequence[list[int]], extra: int, vec: list[int]) -> bool:
+    """Whether `side` plus the `floors` and `extra` devices is below `vec` at some cell."""
+    return any(devices + sum(floor[v] for floor in floors) + extra < now
+               for v, (devices, now) in enumerate(zip(side, vec)))
+
+
 def _below(own: np.ndarray, fewest: np.ndarray, other: np.ndarray, room: np.ndarray) -> np.ndarray:
     """Per tail, whether its bound (its lane's floor per cell, its fewest M devices, the other lane's least floor)
     is below `room` at some cell."""
@@ -290,6 +296,7 @@ class ForkJoinSolver:
         self.fewest_memo: dict[int, np.ndarray | None] = {}  # per chain content (`free_fewest`)
         self.held_memo: dict[int, PrefixNeeds | None] = {}  # per chain content (`_lane_needs`)
         self.needs_memo: dict[tuple[int, int], np.ndarray] = {}  # per chain content and k_after (`_needs`)
+        self.lane_needs_memo: dict[tuple[int, int, int | None], list[int]] = {}  # (content, k_after, end): solved
         self.steps_memo: dict[int, dict[int, list[Step]]] = {}  # per chain content, `merge_tails.block_steps`
         self.block_memo: dict[tuple[BlockKey, bool, int], BlockSol] = {}
         self.fork_memo: dict[tuple[int, int], list[tuple[int, int, int]]] = {}  # see `_fork_options`
@@ -340,16 +347,61 @@ class ForkJoinSolver:
             return
         self._fork_stage(solver, layout, shape, k_side if shape.fork.at_side else k_after, side, vec, chosen)
 
+    def _place_merge(self, solver: ChainSolver, layout: Layout, shape: _Shape, psol: ParSol, k_side: int,
+                     vec: list[int], chosen: list[LayoutChoice | None], floors: Sequence[list[int]]) -> None:
+        """`_place` for a merge layout without F: the base, both lanes (each followed by M, holding k_side) and M's
+        devices, each lane's need bounded by its floor (`floors`, in `shape.rest`'s order) until it is known.
+        Lanes a pair before this one solved are read first; a lane is solved only while the needs read so far
+        and the floors of the others still better a cell of the vector. The side only grows as floors turn into
+        needs, so a layout stopped there would have written nothing."""
+        assert layout.merge is not None and shape.fork is None
+        side = psol.need[shape.others]
+        extra = layout.merge[2]
+        known = [self._known_need(lane, k_side) for lane in shape.rest]
+        bounds = [need if need is not None else floor for need, floor in zip(known, floors)]
+        pending = sorted(range(len(shape.rest)), key=lambda at: known[at] is None)  # the lanes already known first
+        while pending:
+            at = pending.pop(0)
+            need = known[at]
+            if need is None:
+                if not _may_better(side, [bounds[at], *(bounds[other] for other in pending)], extra, vec):
+                    return
+                need = self._lane_need(solver, shape.rest[at], k_side)
+            side = add(side, need)
+        for v, devices in enumerate(side):
+            if devices + extra < vec[v]:
+                vec[v], chosen[v] = devices + extra, (layout, None)
+
+    def _known_need(self, lane: _Lane, k_after: int) -> list[int] | None:
+        """The lane's need vector where it costs no solve (`_lane_need` without solving), else None."""
+        read = self._lane_need_read(lane, k_after)
+        if read is not None or lane.chain is None:
+            return read
+        return self.lane_needs_memo.get((lane.chain.content, k_after, lane.end))
+
     def _lane_need(self, solver: ChainSolver, lane: _Lane, k_after: int) -> list[int]:
         """The lane's need vector: a prefix whose chain has its `merge_tails.PrefixNeeds` is read from them
-        (the same numbers, `_lane_needs`), anything else solved."""
+        (the same numbers, `_lane_needs`), anything else solved (memoised: `_known_need`)."""
+        read = self._lane_need_read(lane, k_after)
+        if read is not None:
+            return read
+        assert lane.chain is not None
+        key = (lane.chain.content, k_after, lane.end)
+        hit = self.lane_needs_memo.get(key)
+        if hit is None:
+            hit = self.lane_needs_memo[key] = solver.entry_need(lane.chain, k_after, lane.end)
+        return hit
+
+    def _lane_need_read(self, lane: _Lane, k_after: int) -> list[int] | None:
+        """The lane's need vector where no solve gives it: an empty lane's, or read off its chain's
+        `merge_tails.PrefixNeeds`; else None."""
         if lane.chain is None:
             return [0 if v >= k_after else BIG for v in range(self.tables.max_v + 1)]
         needs = self._needs(lane.chain.content, k_after) if lane.end is not None else None
         if needs is not None:
             row: list[int] = needs[lane.end].tolist()
             return row
-        return solver.entry_need(lane.chain, k_after, lane.end)
+        return None
 
     def _needs(self, content: int, k_after: int) -> np.ndarray | None:
         """Per end, the prefix need vectors of the chain `content` given k_after, where its `PrefixNeeds` were
@@ -408,7 +460,23 @@ class ForkJoinSolver:
                 if hits[at0, at1] and any(low < now for low, now in zip(runs.expand(floor[at0, at1]).tolist(),
                                                                          vec[first:])):
                     layout = Layout(None if block.fork is None else rf, None, merge)
-                    self._place(solver, layout, self.shapes.shape(block, layout), psol, counts, vec, chosen)
+                    shape = self.shapes.shape(block, layout)
+                    if block.fork is None:
+                        lane_floors = self._rest_floors(block, shape, merge, k_side)
+                        self._place_merge(solver, layout, shape, psol, k_side, vec, chosen, lane_floors)
+                    else:
+                        self._place(solver, layout, shape, psol, counts, vec, chosen)
+
+    def _rest_floors(self, block: Block, shape: _Shape, merge: tuple[int, int, int], k_side: int) -> list[list[int]]:
+        """A floor of each lane of a merge layout without F (`shape.rest`: branch 0's prefix, then branch 1's), at
+        its tail's start: the lane floors the pairs were tested on (`_lane_floors`), a lane that is empty exact."""
+        out = []
+        for pos, lane in enumerate(shape.rest):
+            if lane.chain is None:
+                out.append([0 if v >= k_side else BIG for v in range(self.tables.max_v + 1)])
+            else:
+                out.append(self._lane_floors(block, pos, False, np.array([merge[pos]]), k_side)[0].tolist())
+        return out
 
     def _merge_floors(self, block: Block, starts: tuple[np.ndarray, ...], base: np.ndarray, devices: np.ndarray,
                       k_side: int, exact: list[np.ndarray | None], vec: list[int]

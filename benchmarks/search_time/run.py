@@ -9,8 +9,11 @@ Two sweeps (analytic V100 costs, Summit, mini-batch 128, every power-of-two micr
   at 32 devices;
 - devices: MMT with 4 branches of 32 layers at 8, 32, 128, 512 and 1,024 devices.
 
-Two more, run on their own (`--sweep`): `baselines` (the paper's models against PipeDream and Piper) and
-`families` (two_branch, dlrm and candle_uno with 4, 16 and 32 layers per branch at 32 devices).
+Three more, run on their own (`--sweep`): `baselines` (the paper's models against PipeDream and Piper),
+`families` (two_branch, dlrm and candle_uno with 4, 16 and 32 layers per branch at 32 devices) and
+`library` (a model the project did not write: Hugging Face CLIP's text and vision towers,
+`examples/clip_towers.py`, 24 layers each, width 1,024, at 8 and 64 devices; its attention's q, k and v
+projections are parallel blocks inside each tower).
 
 Every run is one `gp.plan` call (search, then the ranking by simulation that every planner gets) in
 its own process, so its peak resident memory is its own and a run past `--limit` seconds is stopped.
@@ -48,6 +51,11 @@ SWEEPS: dict[str, list[tuple[str, int, int]]] = {  # (model, layers per branch, 
     # the other branch shapes, growing: two twin towers with a merge stage, many short branches (7 + 7 in dlrm),
     # seven unequal ones (candle_uno), for graphpipe against its own chain DP
     "families": [(model, layers, 32) for model in ("two_branch", "dlrm", "candle_uno") for layers in (4, 16, 32)],
+    "library": [("clip_towers", 24, 8), ("clip_towers", 24, 64)],
+}
+# models from outside the zoo: file spec, fixed overrides, and the override that sets the layers per branch
+LIBRARY: dict[str, tuple[str, dict[str, Any], str]] = {
+    "clip_towers": ("examples/clip_towers.py:factory", {"width": 1024}, "layers"),
 }
 
 
@@ -60,18 +68,27 @@ def one_run(graph_file: str, costs_file: str, devices: int, planner: str, granul
     from graphpipe.planning import plan
 
     graph, costs = OpGraph.load(graph_file), CostTable.load(costs_file)
-    before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before_kib = peak_kib()
     start = time.perf_counter()
     try:
         best = plan(graph, costs, cluster_preset("summit", devices), BATCH, planner=planner, granularity=granularity)
     except PlanningError as err:
         return {"seconds": time.perf_counter() - start, "gave_up": str(err).splitlines()[0][:160]}
     seconds = time.perf_counter() - start
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"seconds": seconds, "peak_mib": peak_kib / 1024, "loaded_mib": before_kib / 1024,
+    return {"seconds": seconds, "peak_mib": peak_kib() / 1024, "loaded_mib": before_kib / 1024,
             "load_average": os.getloadavg()[0],
             "samples_per_s": best.predicted_samples_per_s, "depth": best.depth, "stages": best.num_stages,
             "micro_batch": best.stages[0].micro_batch_size, "devices_used": best.world_size}
+
+
+def peak_kib() -> int:
+    """This process's peak resident memory: the kernel's high-water mark of its own address space (VmHWM), which
+    starts afresh at exec; `ru_maxrss` (the fallback off Linux) carries the spawning process's peak over."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:"))
 
 
 def spawn(graph_file: Path, costs_file: Path, devices: int, planner: str, granularity: str,
@@ -89,13 +106,16 @@ def spawn(graph_file: Path, costs_file: Path, devices: int, planner: str, granul
 
 
 def capture_to(folder: Path, model: str, layers: int) -> tuple[Path, Path, int, int]:
-    """Capture the paper preset with `layers` layers per branch on meta; save graph and analytic costs."""
+    """Capture the paper preset (a `LIBRARY` model: its factory) with `layers` layers per branch on meta; save
+    graph and analytic costs."""
     from graphpipe.cost.analytic import analytic_costs
     from graphpipe.graph.capture import capture
     from graphpipe.graph.layers import layer_blocks
     from graphpipe.models import load_model
 
-    zoo = load_model(model, "paper", device="meta", **({"num_layers": layers} if layers else {}))
+    spec, fixed, key = LIBRARY.get(model, (model, {}, "num_layers"))
+    spec = str(HERE.parent.parent / spec) if model in LIBRARY else spec
+    zoo = load_model(spec, "paper", device="meta", **fixed, **({key: layers} if layers else {}))
     graph = capture(zoo.model, zoo.inputs, name=f"{model}-{layers}")
     graph_file, costs_file = folder / f"{model}-{layers}.graph.json", folder / f"{model}-{layers}.costs.json"
     graph.save(graph_file)
@@ -219,10 +239,12 @@ def main() -> None:
         print(json.dumps(one_run(graph_file, costs_file, int(devices), planner, granularity)))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sweep", choices=("ops", "devices", "both", "baselines", "families"), default="both",
+    parser.add_argument("--sweep", choices=("ops", "devices", "both", "baselines", "families", "library"),
+                        default="both",
                         help="ops and devices (both, the default); baselines: the paper's models at 8 and 32 "
                              "devices, for graphpipe against PipeDream and Piper at layer granularity; families: "
-                             "the other branch shapes (two_branch, dlrm, candle_uno) with 4-32 layers at 32 devices")
+                             "the other branch shapes (two_branch, dlrm, candle_uno) with 4-32 layers at 32 devices; "
+                             "library: Hugging Face CLIP towers (examples/clip_towers.py) at 8 and 64 devices")
     parser.add_argument("--planners", default=",".join(PLANNERS))
     parser.add_argument("--rounds", type=int, default=3, help="runs of every planner per configuration (default 3)")
     parser.add_argument("--limit", type=float, default=120.0, help="seconds before a run is stopped (default 120)")

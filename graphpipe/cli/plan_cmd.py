@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from typing import Any
 
 from graphpipe.cli.common import (
@@ -17,12 +18,13 @@ from graphpipe.cli.common import (
 from graphpipe.cli.plan_progress import PlanProgressBar
 from graphpipe.graph.layers import layer_blocks, layer_unit_count
 from graphpipe.graph.op_graph import OpGraph
-from graphpipe.graph.sp import stage_units
+from graphpipe.graph.sp import SPChain, SPParallel, sp_decompose, stage_units
 from graphpipe.planner.api import PLANNER_NAMES
 from graphpipe.stages.stage_graph import Plan
 from graphpipe.units import format_bytes
 
 LARGE_OP_GRAPH = 2000  # op-level units from which an op-level plan points to --granularity layer
+NESTED_BLOCKS = 8  # parallel blocks inside branches from which an op-level graphpipe plan is warned of first
 
 
 def add_parser(subparsers: Any) -> None:
@@ -97,6 +99,35 @@ def granularity_hint(graph: OpGraph) -> str | None:
             "model in a fraction of the time, and --granularity auto then refines the cuts at op level")
 
 
+def nested_blocks_hint(graph: OpGraph) -> str | None:
+    """Before an op-level graphpipe search: a warning where NESTED_BLOCKS parallel blocks or more sit inside the
+    branches of another (attention's q, k and v projections inside a tower, say) and layers can be kept whole.
+    Around each such block every row of its branch may open a fork run, and a branch holding blocks is solved
+    again for every in-flight count and merge tail that asks for it: Hugging Face CLIP's two towers of 24
+    layers at op level take 65 s at 64 devices and 209 s at 512, against 0.3-0.6 s at layer level
+    (`benchmarks/search_time`, `--sweep library`). None for other graphs."""
+    nested = _nested_blocks(sp_decompose(graph))
+    if nested < NESTED_BLOCKS:
+        return None
+    units = stage_units(graph)
+    blocks = layer_blocks(graph, units)
+    if not blocks:
+        return None
+    return (f"at op level this model has {nested:,} parallel blocks inside the branches of others, which can make "
+            "the graph-pipeline search take minutes on many devices; with --granularity layer it is "
+            f"{layer_unit_count(units, blocks):,} units ({len(blocks):,} layers kept whole) and plans in seconds, "
+            "and --granularity auto then refines the cuts at op level")
+
+
+def _nested_blocks(chain: SPChain, depth: int = 0) -> int:
+    """Parallel blocks inside a branch of another block, at any depth."""
+    count = 0
+    for item in chain.items:
+        if isinstance(item, SPParallel):
+            count += (depth > 0) + sum(_nested_blocks(branch, depth + 1) for branch in item.branches)
+    return count
+
+
 def planner_limits(args: argparse.Namespace) -> dict[str, Any]:
     """The PlanOptions fields of the planner budget flags."""
     return {"max_downsets": args.max_downsets, "max_explored": args.max_explored, "time_limit_s": args.time_limit}
@@ -116,6 +147,9 @@ def run(args: argparse.Namespace) -> int:
     sizes = parse_sizes(args.micro_batch_sizes)
     limit = args.memory_limit_gib * 2**30 if args.memory_limit_gib is not None else None
     global_batch = args.global_batch or args.batch or 128
+    warning = nested_blocks_hint(graph) if args.granularity == "op" and args.planner == "graphpipe" else None
+    if warning:
+        print(f"graphpipe plan: note: {warning}", file=sys.stderr, flush=True)
     with PlanProgressBar(args.planner) as progress:
         result = plan(graph, costs, cluster, global_batch, planner=args.planner, micro_batch_sizes=sizes,
                       memory_limit=limit, rank_by=args.rank_by, use_all_devices=args.use_all_devices,

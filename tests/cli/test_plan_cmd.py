@@ -97,3 +97,22 @@ def test_a_local_cpu_plan_costs_ops_as_the_cpu_and_records_it(tmp_path: Path,
     assert run_command(plan_cmd, [*base, "--device", "v100-16gb", "--dtype", "bf16", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["cost_source"] == {"kind": "analytic", "device": "v100-16gb",
                                                                   "dtype": "bfloat16"}
+
+
+def test_an_op_level_graphpipe_plan_of_nested_blocks_is_warned_of_first(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """CLIP's towers (2 layers each here) hold one q/k/v block per layer inside each tower, and the vision tower
+    one more (patch and class embeddings): 5 nested blocks. The note comes before the plan, on stderr, for
+    graphpipe at op level only."""
+    spec = f"{Path(__file__).resolve().parents[2] / 'examples' / 'clip_towers.py'}:factory"
+    command = ["plan", "--model", spec, "--set", "layers=2", "--set", "width=32", "--cluster", "local-cpu",
+               "--devices", "2", "--batch", "4", "--rank-by", "tps"]
+    assert run_command(plan_cmd, command) == 0
+    assert "parallel blocks" not in capsys.readouterr().err  # fewer than NESTED_BLOCKS
+    monkeypatch.setattr(plan_cmd, "NESTED_BLOCKS", 5)
+    assert run_command(plan_cmd, command) == 0
+    note = next(line for line in capsys.readouterr().err.splitlines() if "parallel blocks" in line)
+    assert "5 parallel blocks inside the branches of others" in note and "(4 layers kept whole)" in note
+    for other in (["--granularity", "layer"], ["--planner", "sequential"]):
+        assert run_command(plan_cmd, [*command, *other]) == 0
+        assert "parallel blocks" not in capsys.readouterr().err

@@ -115,8 +115,8 @@ def _plan_at(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_si
         iteration_s = best.global_batch_size * best.predicted_tps_ms / 1e3
         best = dataclasses.replace(best, predicted_iteration_s=iteration_s)
     else:
-        phase = "ranking (refined)" if open_blocks else "ranking"
-        ranked = _best_simulated(candidates, costs, cluster, beat_s, size_steps(opts.progress, phase, len(candidates)))
+        ranked = _best_simulated(candidates, costs, cluster, beat_s,
+                                 size_steps(opts.progress, "ranking", len(candidates), bool(open_blocks)))
         if ranked is None:
             return None
         iteration_s, best = ranked

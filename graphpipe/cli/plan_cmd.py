@@ -106,10 +106,10 @@ def nested_blocks_hint(graph: OpGraph) -> str | None:
     again for every in-flight count and merge tail that asks for it: Hugging Face CLIP's two towers of 24
     layers at op level take 93 s at 64 devices (mini-batch 128: `benchmarks/search_time`, `--sweep library`)
     and 209 s at 512 (mini-batch 512), against 0.2-0.6 s at layer level. None for other graphs."""
-    nested = _nested_blocks(sp_decompose(graph))
+    units = stage_units(graph)
+    nested = _nested_blocks(sp_decompose(graph, units))
     if nested < NESTED_BLOCKS:
         return None
-    units = stage_units(graph)
     blocks = layer_blocks(graph, units)
     if not blocks:
         return None

@@ -28,12 +28,15 @@ PlanProgressFn = Callable[[PlanProgress], None]
 SizeDone = Callable[[int], None]  # called with the micro-batch size of a step done
 
 
-def size_steps(progress: PlanProgressFn | None, phase: str, total: int) -> SizeDone | None:
+def size_steps(progress: PlanProgressFn | None, phase: str, total: int, refined: bool = False) -> SizeDone | None:
     """What a phase of `total` steps, one per micro-batch size (a search) or per candidate plan (the ranking),
-    calls with the step's micro-batch size once it is done, reporting `phase` to `progress`; None (report
-    nothing) without a callback (`PlanRequest.size_steps`)."""
+    calls with the step's micro-batch size once it is done, reporting `phase` to `progress` ("auto"'s
+    refinement, `refined`, says so in the phase); None (report nothing) without a callback
+    (`PlanRequest.size_steps`)."""
     if progress is None:
         return None
+    if refined:
+        phase = f"{phase} (refined)"
     done = 0
     progress(PlanProgress(phase, 0, total))
 

@@ -45,8 +45,7 @@ class PlanRequest:
         """What a search over this request's micro-batch sizes calls with each size it has done, to report
         `phase` to the options' `progress` (`graphpipe.planner.progress.size_steps`); a refinement's search
         ("auto", with blocks opened) says so in its phase."""
-        label = f"{phase} (refined)" if self.open_blocks else phase
-        return size_steps(self.options.progress, label, len(self.micro_batch_sizes))
+        return size_steps(self.options.progress, phase, len(self.micro_batch_sizes), bool(self.open_blocks))
 
     @cached_property
     def model(self) -> CostModel:

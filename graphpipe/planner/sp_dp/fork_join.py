@@ -472,10 +472,9 @@ class ForkJoinSolver:
         its tail's start: the lane floors the pairs were tested on (`_lane_floors`), a lane that is empty exact."""
         out = []
         for pos, lane in enumerate(shape.rest):
-            if lane.chain is None:
-                out.append([0 if v >= k_side else BIG for v in range(self.tables.max_v + 1)])
-            else:
-                out.append(self._lane_floors(block, pos, False, np.array([merge[pos]]), k_side)[0].tolist())
+            empty = self._lane_need_read(lane, k_side) if lane.chain is None else None
+            out.append(empty if empty is not None else
+                       self._lane_floors(block, pos, False, np.array([merge[pos]]), k_side)[0].tolist())
         return out
 
     def _merge_floors(self, block: Block, starts: tuple[np.ndarray, ...], base: np.ndarray, devices: np.ndarray,

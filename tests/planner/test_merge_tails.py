@@ -289,6 +289,20 @@ def test_tails_left_out_have_no_pair_below_the_room(seed: int, fork: bool) -> No
                 assert t0 in tails.rows and t1 in tails.cols, (t0, t1)
 
 
+def test_a_merge_layout_is_solved_only_where_it_may_better_a_feasible_cell() -> None:
+    """`_may_better`: a pair whose side and floors are below the block's vector only at cells above the devices
+    betters nothing (those cells are infeasible whatever they hold, BIG once settled), so its lanes are not solved;
+    below a feasible cell, or within the devices where the vector is still infeasible, it may better one. A tie
+    betters nothing."""
+    side, infeasible = [0, 0, 0], [BIG, BIG, BIG]
+    assert not fork_join._may_better(side, [[70, 70, 70]], 0, infeasible, num_devices=64)
+    assert not fork_join._may_better(side, [[40, 36, 35]], 30, infeasible, num_devices=64)
+    assert fork_join._may_better(side, [[70, 60, 70]], 0, infeasible, num_devices=64)
+    assert fork_join._may_better(side, [[40, 36, 35]], 30, infeasible, num_devices=70)
+    assert fork_join._may_better([0, 0, 1], [[70, 50, 20], [0, 0, 18]], 0, [BIG, 50, 40], num_devices=64)
+    assert not fork_join._may_better([0, 0, 1], [[70, 50, 20], [0, 0, 19]], 0, [BIG, 50, 40], num_devices=64)
+
+
 def _plans(case: Case, limit: float) -> dict[int, list[list[StageSpec]]]:
     request = request_for(case, limit)  # fresh tables and memo
     return partition_sp(request.model, request.sp_tree, request.num_devices, request.micro_batch_sizes,

@@ -268,9 +268,10 @@ class _Tails:
         return starts[0][self.rows], starts[1][self.cols]
 
 
-def _may_better(side: list[int], floors: Sequence[list[int]], extra: int, vec: list[int]) -> bool:
-    """Whether `side` plus the `floors` and `extra` devices is below `vec` at some cell."""
-    return any(devices + sum(floor[v] for floor in floors) + extra < now
+def _may_better(side: list[int], floors: Sequence[list[int]], extra: int, vec: list[int], num_devices: int) -> bool:
+    """Whether `side` plus the `floors` and `extra` devices is below `vec` at some cell within the devices (a cell
+    above them is infeasible whatever it holds: settling and the cap make it BIG)."""
+    return any(devices + sum(floor[v] for floor in floors) + extra < min(now, num_devices + 1)
                for v, (devices, now) in enumerate(zip(side, vec)))
 
 
@@ -364,7 +365,8 @@ class ForkJoinSolver:
             at = pending.pop(0)
             need = known[at]
             if need is None:
-                if not _may_better(side, [bounds[at], *(bounds[other] for other in pending)], extra, vec):
+                if not _may_better(side, [bounds[at], *(bounds[other] for other in pending)], extra, vec,
+                                   self.tables.num_devices):
                     return
                 need = self._lane_need(solver, shape.rest[at], k_side)
             side = add(side, need)

@@ -66,7 +66,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -229,6 +229,31 @@ class ForkLane:
     floor: list[int]
 
 
+@dataclass(slots=True)
+class _Side:
+    """A layout's side (`ForkJoinSolver._place`) and what F's stage reads of it: where it drops, and per stop of F's
+    stage the breakpoints of the body's row there plus the side (`need.sum_breakpoints`), built on first use. A
+    plain layout's side does not depend on F, so the blocks of one parallel block and join run whose fork runs
+    start at different items (one per item before it in its chain) share it (`ForkJoinSolver.side_memo`)."""
+
+    need: list[int]
+    drops: list[int] | None = None
+    sums: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+
+    def sum_at(self, row: list[int], row_breaks: list[tuple[int, int]], stop: int) -> list[tuple[int, int]]:
+        """The breakpoints of `row` (the body's row before `stop`, the same for every block sharing this side)
+        plus the side."""
+        found = self.sums.get(stop)
+        if found is None:
+            if self.drops is None:
+                self.drops = drops(self.need)
+            found = self.sums[stop] = sum_breakpoints(row, row_breaks, self.need, self.drops)
+        return found
+
+
+SideKey = tuple[int, tuple[str, ...], int, int | None, int | None]  # (parallel block, J's ops, k_after, r_f, r_j)
+
+
 @dataclass(frozen=True, slots=True)
 class _Tails:
     """The tails of each branch (rows: branch 0's, columns: branch 1's, increasing) that may be part of a pair
@@ -300,6 +325,7 @@ class ForkJoinSolver:
         self.lane_needs_memo: dict[tuple[int, int, int | None], list[int]] = {}  # (content, k_after, end): solved
         self.steps_memo: dict[int, dict[int, list[Step]]] = {}  # per chain content, `merge_tails.block_steps`
         self.block_memo: dict[tuple[BlockKey, bool, int], BlockSol] = {}
+        self.side_memo: dict[SideKey, _Side] = {}  # plain layouts' sides, shared by fork runs (`_Side`)
         self.fork_memo: dict[tuple[int, int], list[tuple[int, int, int]]] = {}  # see `_fork_options`
         self.lane_memo: dict[tuple[int, int, int], dict[int, ForkLane | None]] = {}  # see `_fork_lane`
 
@@ -323,8 +349,10 @@ class ForkJoinSolver:
         psol = solver.par(block.pinfo, k_side)
         vec: list[int] = [BIG] * (max_v + 1)
         chosen: list[LayoutChoice | None] = [None] * (max_v + 1)
+        join_ops = block.join.ops if with_join and block.join is not None else ()
         for layout, shape in self.shapes.plain(block, with_join):
-            self._place(solver, layout, shape, psol, (k_after, k_side), vec, chosen)
+            shared = (block.pinfo.index, join_ops, k_after, layout.rf, layout.rj)
+            self._place(solver, layout, shape, psol, (k_after, k_side), vec, chosen, shared)
         if with_join and block.join is not None and block.num_branches == MERGE_BRANCHES:
             self._merges(solver, block, psol, (k_after, k_side), vec, chosen)
         for v in range(1, max_v + 1):
@@ -333,16 +361,22 @@ class ForkJoinSolver:
         return BlockSol([c if c <= self.tables.num_devices else BIG for c in vec], chosen)
 
     def _place(self, solver: ChainSolver, layout: Layout, shape: _Shape, psol: ParSol, counts: tuple[int, int],
-               vec: list[int], chosen: list[LayoutChoice | None]) -> None:
-        """Write one layout into the block's vector, given (k_after, k_side)."""
+               vec: list[int], chosen: list[LayoutChoice | None], shared: SideKey | None = None) -> None:
+        """Write one layout into the block's vector, given (k_after, k_side); a plain layout's side is kept by
+        `shared` (its key without F) for the blocks that differ only in F."""
         k_after, k_side = counts
-        side = psol.need[shape.others]
-        for lane in shape.rest:
-            side = add(side, self._lane_need(solver, lane, k_side if lane.at_side else k_after))
-        if layout.merge is not None:
-            side = [devices + layout.merge[2] for devices in side]
+        side = self.side_memo.get(shared) if shared is not None else None
+        if side is None:
+            need = psol.need[shape.others]
+            for lane in shape.rest:
+                need = add(need, self._lane_need(solver, lane, k_side if lane.at_side else k_after))
+            if layout.merge is not None:
+                need = [devices + layout.merge[2] for devices in need]
+            side = _Side(need)
+            if shared is not None:
+                self.side_memo[shared] = side
         if shape.fork is None:
-            for v, devices in enumerate(side):
+            for v, devices in enumerate(side.need):
                 if devices < vec[v]:
                     vec[v], chosen[v] = devices, (layout, None)
             return
@@ -611,7 +645,7 @@ class ForkJoinSolver:
         return self.fewest_memo[chain.content]
 
     # ---- the fork's stage --------------------------------------------------------------------
-    def _fork_stage(self, solver: ChainSolver, layout: Layout, shape: _Shape, k_lane: int, side: list[int],
+    def _fork_stage(self, solver: ChainSolver, layout: Layout, shape: _Shape, k_lane: int, shared: _Side,
                     vec: list[int], chosen: list[LayoutChoice | None]) -> None:
         """F's stage = the first items [0, stop) of the fork's lane; the rest of the lane and the side after it.
 
@@ -629,6 +663,7 @@ class ForkJoinSolver:
         fork = self._fork_lane(solver, shape, k_lane)
         if fork is None:
             return
+        side = shared.need
         cap = self.tables.num_devices
         for u, least in enumerate(fork.floor):
             if vec[u] < cap:
@@ -639,13 +674,8 @@ class ForkJoinSolver:
         else:
             return
         need, row_breaks = fork.body.need, fork.body.breaks
-        side_drops = drops(side)
-        combined: dict[int, list[tuple[int, int]]] = {}
         for stop, d1, k_max in fork.options:
-            breaks = combined.get(stop)
-            if breaks is None:
-                breaks = combined[stop] = sum_breakpoints(need[stop - 1], row_breaks[stop - 1], side, side_drops)
-            for u, devices in breaks:
+            for u, devices in shared.sum_at(need[stop - 1], row_breaks[stop - 1], stop):
                 if u >= k_max:
                     break
                 cost = devices + d1

@@ -191,9 +191,9 @@ class Probe:
                     write_segments(*segments, span, unit, row, chosen)
                 pinfo = info.par_infos[start]
                 if pinfo is not None:
-                    self._open(pinfo, need[start + 1], row, chosen)
-                    self._join_run(info, start, pinfo, need, row, chosen)
-                self._blocks(info, start, need, row, chosen)
+                    self._open(pinfo, breaks[start + 1], row, chosen)
+                    self._join_run(info, start, pinfo, breaks, row, chosen)
+                self._blocks(info, start, breaks, row, chosen)
                 found = settle(row, chosen, num_devices)
             elif segments is not None:
                 row, chosen, found = settle_segments(*segments, span, unit, num_devices, cells)
@@ -243,7 +243,8 @@ class Probe:
                         best[u] = key
         return best, written
 
-    def _open(self, pinfo: ParInfo, rest: list[int], row: list[int], chosen: list[ChainChoice | None]) -> None:
+    def _open(self, pinfo: ParInfo, rest: list[tuple[int, int]], row: list[int],
+              chosen: list[ChainChoice | None]) -> None:
         """The row's parallel item solved as a plain parallel block, then the rest of the chain."""
         def block_at(k_after: int) -> list[int]:
             sol = self.par(pinfo, k_after)
@@ -251,43 +252,41 @@ class Probe:
 
         self._before(rest, row, chosen, block_at, OPEN, False)
 
-    def _join_run(self, info: ChainInfo, start: int, pinfo: ParInfo, need: list[list[int]], row: list[int],
-                  chosen: list[ChainChoice | None]) -> None:
+    def _join_run(self, info: ChainInfo, start: int, pinfo: ParInfo, breaks: list[list[tuple[int, int]]],
+                  row: list[int], chosen: list[ChainChoice | None]) -> None:
         """The row's parallel item (of runs, `ParInfo.interval`) with its join run, whose stage takes the lightest
         branches whole (`joined`), then the rest of the chain."""
         found = info.fork_join(start) if pinfo.interval else None
         if found is not None and found.join is not None:
-            self._before(need[found.stop], row, chosen, partial(self.joined, pinfo, found.join.ops), JOINED, True)
+            self._before(breaks[found.stop], row, chosen, partial(self.joined, pinfo, found.join.ops), JOINED, True)
 
-    def _before(self, rest: list[int], row: list[int], chosen: list[ChainChoice | None],
+    def _before(self, rest: list[tuple[int, int]], row: list[int], chosen: list[ChainChoice | None],
                 block_at: Callable[[int], list[int]], kind: Literal[1, 2, 3], with_join: bool) -> None:
-        """A block followed by `rest`: for every in-flight count k_after at which the rest needs fewer devices
-        than at any smaller one, the block's need vector given k_after plus those devices; the choice is
-        recorded as (kind, with_join, k_after, v)."""
-        max_v = self.tables.max_v
-        previous = BIG
-        for k_after in range(max_v + 1):
-            devices = rest[k_after]
-            if devices >= previous or devices >= BIG:
-                continue
-            previous = devices
+        """A block followed by the rest, whose feasible breakpoints are `rest`: for every in-flight count k_after at
+        which the rest needs fewer devices than at any smaller one (a breakpoint), the block's need vector given
+        k_after plus those devices; the choice is recorded as (kind, with_join, k_after, v). Each cell is read once
+        per k_after, so the loop reads the row as it was before that k_after's writes."""
+        cells = self.tables.max_v + 1
+        for k_after, devices in rest:
             block = block_at(k_after)
-            for v in range(k_after + 1, max_v + 1):
-                cost = block[v] + devices
-                if cost < row[v]:
+            first = k_after + 1
+            for v, here, now in zip(range(first, cells), block[first:], row[first:]):
+                cost = here + devices
+                if cost < now:
                     row[v] = cost
                     chosen[v] = (kind, with_join, k_after, v)
 
-    def _blocks(self, info: ChainInfo, start: int, need: list[list[int]], row: list[int],
+    def _blocks(self, info: ChainInfo, start: int, breaks: list[list[tuple[int, int]]], row: list[int],
                 chosen: list[ChainChoice | None]) -> None:
-        """Blocks F + P, F + P + J and P + J starting at item `start` (see `fork_join`)."""
+        """Blocks F + P, F + P + J and P + J starting at item `start` (see `fork_join`), `breaks` the feasible
+        breakpoints of the chain's rows."""
         found = info.fork_join(start)
         if found is None or found.num_branches > MAX_ENUMERATED_BRANCHES:
             return
         for with_join in (False, True) if found.join is not None else (False,):
             if found.fork is None and not with_join:
                 continue
-            rest = need[found.stop if with_join else found.par_pos + 1]
+            rest = breaks[found.stop if with_join else found.par_pos + 1]
             self._before(rest, row, chosen, partial(self.blocks.vector, self, found, with_join), BLOCK, with_join)
 
     # ---- parallel blocks -----------------------------------------------------------------

@@ -418,15 +418,13 @@ class ForkJoinSolver:
     def _lane_need(self, solver: ChainSolver, lane: _Lane, k_after: int) -> list[int]:
         """The lane's need vector: a prefix whose chain has its `merge_tails.PrefixNeeds` is read from them
         (the same numbers, `_lane_needs`), anything else solved (memoised: `_known_need`)."""
-        read = self._lane_need_read(lane, k_after)
-        if read is not None:
-            return read
+        known = self._known_need(lane, k_after)
+        if known is not None:
+            return known
         assert lane.chain is not None
-        key = (lane.chain.content, k_after, lane.end)
-        hit = self.lane_needs_memo.get(key)
-        if hit is None:
-            hit = self.lane_needs_memo[key] = solver.entry_need(lane.chain, k_after, lane.end)
-        return hit
+        need = self.lane_needs_memo[(lane.chain.content, k_after, lane.end)] = solver.entry_need(
+            lane.chain, k_after, lane.end)
+        return need
 
     def _lane_need_read(self, lane: _Lane, k_after: int) -> list[int] | None:
         """The lane's need vector where no solve gives it: an empty lane's, or read off its chain's

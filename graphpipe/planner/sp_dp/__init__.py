@@ -72,6 +72,7 @@ Modules, bottom to top (each imports only those before it; `tests/test_layering.
     tables       per tree: ChainInfo (prefix sums, boundary traffic), ParInfo, ChainTables (by index)
     size_tables  per micro-batch size: segment arrays, offers, merged-group and run options, degrees
     need         need-vector helpers, the chain step (write, settle), typed choice records, solutions
+    rows         a chain row where items start, written as lists or, with many cells, as arrays
     merge_boundary  a merge stage's traffic on every pair of tails of a two-branch block
     merge_tails  merge stages' tables per size, and the prefix floors and needs that prune them
     band         the chain pass's floor over the segments within a target (`Search.may_meet`)

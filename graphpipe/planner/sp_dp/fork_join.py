@@ -94,6 +94,7 @@ from graphpipe.planner.sp_dp.need import (
     drops,
     sum_breakpoints,
 )
+from graphpipe.planner.sp_dp.rows import settle_block
 from graphpipe.planner.sp_dp.size_tables import SizeTables
 from graphpipe.planner.sp_dp.tables import Block, BlockKey, ChainInfo, ChainTables, ParInfo
 from graphpipe.planner.stage_spec import StageSpec
@@ -341,6 +342,10 @@ class ForkJoinSolver:
     def vector(self, solver: ChainSolver, block: Block, with_join: bool, k_after: int) -> list[int]:
         return self.need(solver, block, with_join, k_after).need
 
+    def array(self, solver: ChainSolver, block: Block, with_join: bool, k_after: int) -> np.ndarray:
+        """`vector` as an array (`BlockSol.array`)."""
+        return self.need(solver, block, with_join, k_after).array()
+
     def _solve(self, solver: ChainSolver, block: Block, with_join: bool, k_after: int) -> BlockSol:
         """Every layout's side (the lanes without F and the branches left whole), then F's stage where a layout
         has one (`_fork_stage`); settled like a chain row. Merge layouts come last (`_merges`)."""
@@ -355,10 +360,7 @@ class ForkJoinSolver:
             self._place(solver, layout, shape, psol, (k_after, k_side), vec, chosen, shared)
         if with_join and block.join is not None and block.num_branches == MERGE_BRANCHES:
             self._merges(solver, block, psol, (k_after, k_side), vec, chosen)
-        for v in range(1, max_v + 1):
-            if vec[v - 1] < vec[v]:
-                vec[v], chosen[v] = vec[v - 1], chosen[v - 1]
-        return BlockSol([c if c <= self.tables.num_devices else BIG for c in vec], chosen)
+        return settle_block(vec, chosen, self.tables.num_devices)
 
     def _place(self, solver: ChainSolver, layout: Layout, shape: _Shape, psol: ParSol, counts: tuple[int, int],
                vec: list[int], chosen: list[LayoutChoice | None], shared: SideKey | None = None) -> None:

@@ -12,7 +12,8 @@ front: the types below name their fields at no run-time cost in the DP's hot loo
 
 One chain step (a row of a chain, `Probe._solve_chain`) is: write every candidate into the row
 (segments with `write_segments`, then the parallel item or fork/join blocks starting there), then
-`settle` it. A row where no block starts holds only segments, in the few cells where the rest's
+`settle` it; a row where items start is built by `rows`, as lists or, with many cells, as arrays.
+A row where no block starts holds only segments, in the few cells where the rest's
 vectors drop (a median of 3 of 1,027 cells on a 128-layer transformer at 1,024 devices), and
 `settle_segments` builds it settled in one pass over those cells, appending the runs between
 them whole: the same row, choices and breakpoints (`tests/planner/test_need.py` proves it on
@@ -24,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Final, Literal
+from typing import Final, Literal, Protocol
 
 import numpy as np
 
@@ -37,9 +38,11 @@ OPEN: Final = 1  # the row starts with its parallel item, solved as a plain para
 BLOCK: Final = 2  # the row starts with a fork/join block (`fork_join`)
 JOINED: Final = 3  # the row starts with its parallel item, whose join run's stage takes its lightest branches whole
 
+ItemKind = Literal[1, 2, 3]  # OPEN, BLOCK or JOINED
+
 SegChoice = tuple[Literal[0], int, int, int]
 """(SEG, stop, d1, u): items [start, stop) as one stage on d1 devices, then row `stop` at cell u (= v - 1)."""
-ItemChoice = tuple[Literal[1, 2, 3], bool, int, int]
+ItemChoice = tuple[ItemKind, bool, int, int]
 """(OPEN, BLOCK or JOINED, with_join, k_after, v): the parallel item (OPEN; with_join False), the fork/join block
 starting at the row (BLOCK, with or without its join run) or the parallel item and its join run (JOINED; with_join
 True) at its cell v, given k_after in flight after it; then the row after it at cell k_after."""
@@ -68,12 +71,18 @@ LayoutChoice = tuple[Layout, ForkPick | None]
 """(layout, fork pick): the block's layout, and where its fork's stage ends (None: no fork run)."""
 
 
+class CellChoices(Protocol):
+    """A chain row's choices by cell: a list, or decoded on demand (`rows.RowChoices`)."""
+
+    def __getitem__(self, v: int, /) -> ChainChoice | None: ...
+
+
 @dataclass(slots=True)
 class ChainSol:
     """Suffix need vectors of one chain (rows by start item), their choices and their breakpoints."""
 
     need: list[list[int]]
-    choice: list[list[ChainChoice | None]]
+    choice: list[CellChoices]
     breaks: list[list[tuple[int, int]]]  # per row, its breakpoints (all feasible: the rows are settled)
 
 
@@ -107,6 +116,13 @@ class BlockSol:
 
     need: list[int]
     choice: list[LayoutChoice | None]
+    cached: np.ndarray | None = None  # `need` as an array, once made
+
+    def array(self) -> np.ndarray:
+        """The need vector as an array, made once: what a row of many cells reads (`rows.ArrayRow`)."""
+        if self.cached is None:
+            self.cached = np.array(self.need, dtype=np.int64)
+        return self.cached
 
 
 @dataclass(frozen=True, slots=True)

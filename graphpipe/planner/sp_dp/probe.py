@@ -39,7 +39,7 @@ from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -54,18 +54,19 @@ from graphpipe.planner.sp_dp.need import (
     OPEN,
     SEG,
     BlockSol,
+    CellChoices,
     ChainChoice,
     ChainSol,
     GroupChoice,
+    ItemKind,
     JoinedChoice,
     JoinedSol,
     ParSol,
     feasible_breakpoints,
     feasible_breakpoints_of_rows,
-    settle,
     settle_segments,
-    write_segments,
 )
+from graphpipe.planner.sp_dp.rows import ArrayRow, ListRow, Vector, row_for
 from graphpipe.planner.sp_dp.runs import fewest_per_run, solve_runs
 from graphpipe.planner.sp_dp.size_tables import SegmentOffers, SizeTables, cell_key_scale, dominance_cap
 from graphpipe.planner.sp_dp.tables import BlockKey, ChainInfo, ParInfo
@@ -174,7 +175,7 @@ class Probe:
         cells = max_v + 1
         dead: list[int] = [BIG] * cells
         need = [dead] * (num_items + 1)  # a row nothing reaches stays this one, only read (`ChainSol`)
-        choice: list[list[ChainChoice | None]] = [[None] * cells] * (num_items + 1)
+        choice: list[CellChoices] = [[None] * cells] * (num_items + 1)
         need[end] = [0 if v >= k_after else BIG for v in range(cells)]
         breaks: list[list[tuple[int, int]]] = [[] for _ in range(num_items + 1)]
         breaks[end] = feasible_breakpoints(need[end], num_devices)
@@ -185,16 +186,13 @@ class Probe:
         for start in range(end - 1, -1, -1):
             segments = self._segment_keys(offers, start, breaks, fewest, cells)
             if info.next_parallel[start] < num_items:  # a parallel item at or after `start`: blocks may start here
-                row: list[int] = [BIG] * cells
-                chosen: list[ChainChoice | None] = [None] * cells
-                if segments is not None:
-                    write_segments(*segments, span, unit, row, chosen)
+                written = row_for(cells, segments, span, unit)
                 pinfo = info.par_infos[start]
                 if pinfo is not None:
-                    self._open(pinfo, breaks[start + 1], row, chosen)
-                    self._join_run(info, start, pinfo, breaks, row, chosen)
-                self._blocks(info, start, breaks, row, chosen)
-                found = settle(row, chosen, num_devices)
+                    self._open(pinfo, breaks[start + 1], written)
+                    self._join_run(info, start, pinfo, breaks, written)
+                self._blocks(info, start, breaks, written)
+                row, chosen, found = written.settle(num_devices)
             elif segments is not None:
                 row, chosen, found = settle_segments(*segments, span, unit, num_devices, cells)
             else:
@@ -243,51 +241,44 @@ class Probe:
                         best[u] = key
         return best, written
 
-    def _open(self, pinfo: ParInfo, rest: list[tuple[int, int]], row: list[int],
-              chosen: list[ChainChoice | None]) -> None:
+    def _open(self, pinfo: ParInfo, rest: list[tuple[int, int]], row: ListRow | ArrayRow) -> None:
         """The row's parallel item solved as a plain parallel block, then the rest of the chain."""
         def block_at(k_after: int) -> list[int]:
             sol = self.par(pinfo, k_after)
             return sol.need[sol.full]
 
-        self._before(rest, row, chosen, block_at, OPEN, False)
+        self._before(rest, row, block_at, OPEN, False)
 
     def _join_run(self, info: ChainInfo, start: int, pinfo: ParInfo, breaks: list[list[tuple[int, int]]],
-                  row: list[int], chosen: list[ChainChoice | None]) -> None:
+                  row: ListRow | ArrayRow) -> None:
         """The row's parallel item (of runs, `ParInfo.interval`) with its join run, whose stage takes the lightest
         branches whole (`joined`), then the rest of the chain."""
         found = info.fork_join(start) if pinfo.interval else None
         if found is not None and found.join is not None:
-            self._before(breaks[found.stop], row, chosen, partial(self.joined, pinfo, found.join.ops), JOINED, True)
+            self._before(breaks[found.stop], row, partial(self.joined, pinfo, found.join.ops), JOINED, True)
 
-    def _before(self, rest: list[tuple[int, int]], row: list[int], chosen: list[ChainChoice | None],
-                block_at: Callable[[int], list[int]], kind: Literal[1, 2, 3], with_join: bool) -> None:
+    @staticmethod
+    def _before(rest: list[tuple[int, int]], row: ListRow | ArrayRow, block_at: Callable[[int], Vector],
+                kind: ItemKind, with_join: bool) -> None:
         """A block followed by the rest, whose feasible breakpoints are `rest`: for every in-flight count k_after at
         which the rest needs fewer devices than at any smaller one (a breakpoint), the block's need vector given
-        k_after plus those devices; the choice is recorded as (kind, with_join, k_after, v). Each cell is read once
-        per k_after, so the loop reads the row as it was before that k_after's writes."""
-        cells = self.tables.max_v + 1
+        k_after plus those devices, written into the row (`rows`) as (kind, with_join, k_after, v)."""
         for k_after, devices in rest:
-            block = block_at(k_after)
-            first = k_after + 1
-            for v, here, now in zip(range(first, cells), block[first:], row[first:]):
-                cost = here + devices
-                if cost < now:
-                    row[v] = cost
-                    chosen[v] = (kind, with_join, k_after, v)
+            row.write(kind, with_join, k_after, devices, block_at(k_after))
 
-    def _blocks(self, info: ChainInfo, start: int, breaks: list[list[tuple[int, int]]], row: list[int],
-                chosen: list[ChainChoice | None]) -> None:
+    def _blocks(self, info: ChainInfo, start: int, breaks: list[list[tuple[int, int]]],
+                row: ListRow | ArrayRow) -> None:
         """Blocks F + P, F + P + J and P + J starting at item `start` (see `fork_join`), `breaks` the feasible
-        breakpoints of the chain's rows."""
+        breakpoints of the chain's rows; a row of arrays reads each block's vector as an array (made once)."""
         found = info.fork_join(start)
         if found is None or found.num_branches > MAX_ENUMERATED_BRANCHES:
             return
+        read = self.blocks.array if isinstance(row, ArrayRow) else self.blocks.vector
         for with_join in (False, True) if found.join is not None else (False,):
             if found.fork is None and not with_join:
                 continue
             rest = breaks[found.stop if with_join else found.par_pos + 1]
-            self._before(rest, row, chosen, partial(self.blocks.vector, self, found, with_join), BLOCK, with_join)
+            self._before(rest, row, partial(read, self, found, with_join), BLOCK, with_join)
 
     # ---- parallel blocks -----------------------------------------------------------------
     def par(self, pinfo: ParInfo, k_after: int, prefixes: bool = False) -> ParSol:

@@ -1,0 +1,151 @@
+"""A chain row where items start (a parallel item, fork/join blocks): written candidate by candidate, then settled.
+
+Such a row (`Probe._solve_chain`) takes its segments first (`need.write_segments`), then, per item starting there
+and per in-flight count k_after at which the rest of the chain drops (a breakpoint, `devices` its need there), the
+item's need vector given k_after plus those devices, at every cell v > k_after where that is strictly cheaper than
+what the row holds (the choice `(kind, with_join, k_after, v)`), and is then settled like any row (`need.settle`).
+Strict improvements in a fixed order make each cell's choice the first candidate that reaches its least value.
+
+Two forms of the same step, chosen by the number of cells (`row_for`):
+
+- `ListRow`, a Python step per cell: the cheapest form up to a few hundred cells (devices + 2), where a numpy
+  call costs more than the cells it replaces (67 cells, three candidates: 17 us in lists, 31 us in arrays);
+- `ArrayRow`, a numpy step per candidate, from ARRAY_CELLS on: at 512 devices a row has 515 cells and a block
+  row about fifteen candidates, and the per-cell loop was over half of a probe. Its choices are decoded on
+  demand (`RowChoices`): only the cells a plan is rebuilt from are ever read.
+
+`tests/planner/test_rows.py` proves both forms give the same row, choices and breakpoints.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+
+from graphpipe.planner.sp_dp.blocks import BIG
+from graphpipe.planner.sp_dp.need import SEG, BlockSol, ChainChoice, ItemKind, LayoutChoice, settle, write_segments
+
+ARRAY_CELLS: Final = 192  # cells (devices + 2) from which a row is built as arrays
+
+Segments = tuple[list[int], list[int]] | None  # (best key per u, the u written), `Probe._segment_keys`; None: none
+Vector = list[int] | np.ndarray
+
+
+class ListRow:
+    """The row as lists, written cell by cell (`need.write_segments`, then each candidate, then `need.settle`)."""
+
+    __slots__ = ("chosen", "row")
+
+    def __init__(self, cells: int, segments: Segments, span: int, unit: int) -> None:
+        self.row: list[int] = [BIG] * cells
+        self.chosen: list[ChainChoice | None] = [None] * cells
+        if segments is not None:
+            write_segments(*segments, span, unit, self.row, self.chosen)
+
+    def write(self, kind: ItemKind, with_join: bool, k_after: int, devices: int, vector: Vector) -> None:
+        """The item given k_after, then the rest at k_after on `devices`: each cell is read once, so the loop reads
+        the row as it was before this candidate."""
+        row, chosen, first = self.row, self.chosen, k_after + 1
+        for v, here, now in zip(range(first, len(row)), vector[first:], row[first:]):
+            cost = here + devices
+            if cost < now:
+                row[v] = cost
+                chosen[v] = (kind, with_join, k_after, v)
+
+    def settle(self, num_devices: int) -> tuple[list[int], list[ChainChoice | None], list[tuple[int, int]]]:
+        found = settle(self.row, self.chosen, num_devices)
+        return self.row, self.chosen, found
+
+
+class ArrayRow:
+    """The row as arrays: its values, and per cell who wrote it last (-1 nobody, 0 a segment, i > 0 the i-th item
+    candidate written)."""
+
+    __slots__ = ("best", "items", "span", "unit", "values", "writer")
+
+    def __init__(self, cells: int, segments: Segments, span: int, unit: int) -> None:
+        self.values = np.full(cells, BIG, dtype=np.int64)
+        self.writer = np.full(cells, -1, dtype=np.int64)
+        self.items: list[tuple[ItemKind, bool, int]] = []
+        self.best: list[int] = []
+        self.span, self.unit = span, unit
+        if segments is not None:
+            self.best, written = segments
+            cells_written = np.array(written, dtype=np.int64) + 1
+            self.values[cells_written] = np.array([self.best[u] for u in written], dtype=np.int64) // unit
+            self.writer[cells_written] = 0
+
+    def write(self, kind: ItemKind, with_join: bool, k_after: int, devices: int, vector: Vector) -> None:
+        """`ListRow.write` on the row's cells above k_after at once."""
+        first = k_after + 1
+        cost = np.asarray(vector[first:], dtype=np.int64) + devices
+        held = self.values[first:]
+        better = cost < held
+        if better.any():
+            self.items.append((kind, with_join, k_after))
+            held[better] = cost[better]
+            self.writer[first:][better] = len(self.items)
+
+    def settle(self, num_devices: int) -> tuple[list[int], RowChoices, list[tuple[int, int]]]:
+        """`need.settle` on arrays (`monotone`), then the cap and the feasible breakpoints."""
+        least, source = monotone(self.values)
+        feasible = least <= num_devices
+        drops = np.ones(len(least), dtype=bool)
+        np.less(least[1:], least[:-1], out=drops[1:])
+        row: list[int] = np.where(feasible, least, BIG).tolist()
+        found = [(v, row[v]) for v in np.flatnonzero(feasible & drops).tolist()]
+        return row, RowChoices(self.writer[source], source, self), found
+
+
+class RowChoices:
+    """An `ArrayRow`'s settled choices, each decoded when read (`Probe.emit_chain`): the same tuples as `ListRow`'s."""
+
+    __slots__ = ("best", "items", "source", "span", "unit", "writer")
+
+    def __init__(self, writer: np.ndarray, source: np.ndarray, row: ArrayRow) -> None:
+        self.writer, self.source = writer, source
+        self.items, self.best, self.span, self.unit = row.items, row.best, row.span, row.unit
+
+    def __getitem__(self, v: int) -> ChainChoice | None:
+        writer, cell = int(self.writer[v]), int(self.source[v])
+        if writer < 0:
+            return None
+        if writer == 0:  # the segment written at cell u + 1 (`need.write_segments`)
+            d1, stop = divmod(self.best[cell - 1] % self.unit, self.span)
+            return (SEG, stop, d1, cell - 1)
+        kind, with_join, k_after = self.items[writer - 1]
+        return (kind, with_join, k_after, cell)
+
+    def __len__(self) -> int:
+        return len(self.writer)
+
+
+def monotone(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`need.settle`'s pass on an array: the running minimum, and per cell the cell whose choice it keeps. A cell
+    keeps its own unless a smaller v is strictly cheaper, so that is the last cell at or before it that is no
+    more than every cell before it."""
+    cells = len(values)
+    least = np.minimum.accumulate(values)
+    own = np.ones(cells, dtype=bool)
+    np.less_equal(values[1:], least[:-1], out=own[1:])
+    return least, np.maximum.accumulate(np.where(own, np.arange(cells), 0))
+
+
+def settle_block(vector: list[int], chosen: list[LayoutChoice | None], num_devices: int) -> BlockSol:
+    """A fork/join block's vector made non-increasing (a cell takes the cell below, and its choice, where that is
+    strictly cheaper) and capped at the devices (`ForkJoinSolver._solve`): cell by cell, or from ARRAY_CELLS on
+    as arrays, which also gives the array a row of that many cells reads (`BlockSol.array`)."""
+    if len(vector) >= ARRAY_CELLS:
+        least, source = monotone(np.array(vector, dtype=np.int64))
+        capped = np.where(least <= num_devices, least, BIG)
+        return BlockSol(capped.tolist(), [chosen[cell] for cell in source.tolist()], cached=capped)
+    for v in range(1, len(vector)):
+        if vector[v - 1] < vector[v]:
+            vector[v], chosen[v] = vector[v - 1], chosen[v - 1]
+    return BlockSol([c if c <= num_devices else BIG for c in vector], chosen)
+
+
+def row_for(cells: int, segments: Segments, span: int, unit: int) -> ListRow | ArrayRow:
+    """A fresh row of `cells` cells holding its segments, in the form that is cheaper at that many cells."""
+    return ArrayRow(cells, segments, span, unit) if cells >= ARRAY_CELLS else ListRow(cells, segments, span, unit)

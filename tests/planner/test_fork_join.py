@@ -36,7 +36,8 @@ def _blocks(case: Case, limit: float, forget: bool) -> list[dict[Any, tuple[list
         if forget:
             probe.blocks.side_memo = _Forgetful()
         probe.best_entry()
-        found.append({key: (sol.need, sol.choice) for key, sol in probe.block_memo.items()})
+        found.append({key: (sol.need, [sol.choice[v] for v in range(len(sol.need))])
+                      for key, sol in probe.block_memo.items()})
     return found
 
 

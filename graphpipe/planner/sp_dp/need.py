@@ -25,11 +25,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Final, Literal, Protocol
+from typing import Final, Literal, Protocol, TypeVar
 
 import numpy as np
 
 from graphpipe.planner.sp_dp.blocks import BIG
+
+T_co = TypeVar("T_co", covariant=True)
 
 NO_KEY: Final = 1 << 62  # above every cell key (`size_tables.SegmentOffers`): no segment offer for the cell
 
@@ -71,10 +73,13 @@ LayoutChoice = tuple[Layout, ForkPick | None]
 """(layout, fork pick): the block's layout, and where its fork's stage ends (None: no fork run)."""
 
 
-class CellChoices(Protocol):
-    """A chain row's choices by cell: a list, or decoded on demand (`rows.RowChoices`)."""
+class ByCell(Protocol[T_co]):
+    """What a vector's choices are read as, by cell: a list, or decoded on demand (`rows`)."""
 
-    def __getitem__(self, v: int, /) -> ChainChoice | None: ...
+    def __getitem__(self, v: int, /) -> T_co: ...
+
+
+CellChoices = ByCell[ChainChoice | None]
 
 
 @dataclass(slots=True)
@@ -115,7 +120,7 @@ class BlockSol:
     """A fork/join block's need vector (settled and capped at the devices) and its choices."""
 
     need: list[int]
-    choice: list[LayoutChoice | None]
+    choice: ByCell[LayoutChoice | None]
     cached: np.ndarray | None = None  # `need` as an array, once made
 
     def array(self) -> np.ndarray:

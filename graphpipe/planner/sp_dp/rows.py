@@ -121,6 +121,18 @@ class RowChoices:
         return len(self.writer)
 
 
+class KeptChoices:
+    """A block's choices settled as arrays: cell v's is that of the cell it keeps (`monotone`), read when asked."""
+
+    __slots__ = ("chosen", "source")
+
+    def __init__(self, chosen: list[LayoutChoice | None], source: np.ndarray) -> None:
+        self.chosen, self.source = chosen, source
+
+    def __getitem__(self, v: int) -> LayoutChoice | None:
+        return self.chosen[int(self.source[v])]
+
+
 def monotone(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`need.settle`'s pass on an array: the running minimum, and per cell the cell whose choice it keeps. A cell
     keeps its own unless a smaller v is strictly cheaper, so that is the last cell at or before it that is no
@@ -135,11 +147,12 @@ def monotone(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def settle_block(vector: list[int], chosen: list[LayoutChoice | None], num_devices: int) -> BlockSol:
     """A fork/join block's vector made non-increasing (a cell takes the cell below, and its choice, where that is
     strictly cheaper) and capped at the devices (`ForkJoinSolver._solve`): cell by cell, or from ARRAY_CELLS on
-    as arrays, which also gives the array a row of that many cells reads (`BlockSol.array`)."""
+    as arrays, which also gives the array a row of that many cells reads (`BlockSol.array`), the choices then
+    read when asked (`KeptChoices`: only a plan's cells are)."""
     if len(vector) >= ARRAY_CELLS:
         least, source = monotone(np.array(vector, dtype=np.int64))
         capped = np.where(least <= num_devices, least, BIG)
-        return BlockSol(capped.tolist(), [chosen[cell] for cell in source.tolist()], cached=capped)
+        return BlockSol(capped.tolist(), KeptChoices(chosen, source), cached=capped)
     for v in range(1, len(vector)):
         if vector[v - 1] < vector[v]:
             vector[v], chosen[v] = vector[v - 1], chosen[v - 1]

@@ -62,18 +62,19 @@ class ArrayRow:
     """The row as arrays: its values, and per cell who wrote it last (-1 nobody, 0 a segment, i > 0 the i-th item
     candidate written)."""
 
-    __slots__ = ("best", "items", "span", "unit", "values", "writer")
+    __slots__ = ("items", "keys", "span", "unit", "values", "writer")
 
     def __init__(self, cells: int, segments: Segments, span: int, unit: int) -> None:
         self.values = np.full(cells, BIG, dtype=np.int64)
         self.writer = np.full(cells, -1, dtype=np.int64)
         self.items: list[tuple[ItemKind, bool, int]] = []
-        self.best: list[int] = []
+        self.keys: dict[int, int] = {}  # per u written, its segment's cell key (the full list is not kept)
         self.span, self.unit = span, unit
         if segments is not None:
-            self.best, written = segments
+            best, written = segments
+            self.keys = {u: best[u] for u in written}
             cells_written = np.array(written, dtype=np.int64) + 1
-            self.values[cells_written] = np.array([self.best[u] for u in written], dtype=np.int64) // unit
+            self.values[cells_written] = np.array(list(self.keys.values()), dtype=np.int64) // unit
             self.writer[cells_written] = 0
 
     def write(self, kind: ItemKind, with_join: bool, k_after: int, devices: int, vector: Vector) -> None:
@@ -101,18 +102,18 @@ class ArrayRow:
 class RowChoices:
     """An `ArrayRow`'s settled choices, each decoded when read (`Probe.emit_chain`): the same tuples as `ListRow`'s."""
 
-    __slots__ = ("best", "items", "source", "span", "unit", "writer")
+    __slots__ = ("items", "keys", "source", "span", "unit", "writer")
 
     def __init__(self, writer: np.ndarray, source: np.ndarray, row: ArrayRow) -> None:
         self.writer, self.source = writer, source
-        self.items, self.best, self.span, self.unit = row.items, row.best, row.span, row.unit
+        self.items, self.keys, self.span, self.unit = row.items, row.keys, row.span, row.unit
 
     def __getitem__(self, v: int) -> ChainChoice | None:
         writer, cell = int(self.writer[v]), int(self.source[v])
         if writer < 0:
             return None
         if writer == 0:  # the segment written at cell u + 1 (`need.write_segments`)
-            d1, stop = divmod(self.best[cell - 1] % self.unit, self.span)
+            d1, stop = divmod(self.keys[cell - 1] % self.unit, self.span)
             return (SEG, stop, d1, cell - 1)
         kind, with_join, k_after = self.items[writer - 1]
         return (kind, with_join, k_after, cell)

@@ -1,18 +1,22 @@
 """A probe's entry needs (`sp_dp.probe.Probe.entry_need`): read from a chain's prefix floors where no stage's degree
 depends on its in-flight count, solved otherwise, they are the chain DP's own need vectors; the stages rebuilt from
 its suffix floors there (`Probe._emit_from_floors`) are the DP's own choices; and the plans are the same whichever
-way they are read."""
+way they are read. A chain's rows taken from the same chain solved to another end (`Probe._solve_chain`) are the
+rows it would solve."""
 
 from __future__ import annotations
 
 import math
 from functools import partial
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
 from graphpipe.planner.api import make_request
 from graphpipe.planner.sp_dp import Probe, Search, build_tables, partition_sp, probe
+from graphpipe.planner.sp_dp.need import ChainSol
 from graphpipe.planner.sp_dp.size_tables import SegmentOffers
 from graphpipe.planner.sp_dp.tables import ChainInfo
 from graphpipe.planner.stage_spec import StageSpec
@@ -125,3 +129,68 @@ def test_a_probe_with_no_target_reads_only_what_it_needs(case: Case) -> None:
 def _window_offers(search: Search, info: ChainInfo, target_ms: float) -> SegmentOffers:
     """The offers of the window from the search's lower end to no bound, whatever the target."""
     return search.tables.build_offers(info, search.lo, math.inf)
+
+
+class _Alone(Probe):
+    """A probe that solves every chain from its end, never taking rows from the same chain solved to another end;
+    it counts the solves of the plain probe's that took rows (`taken`)."""
+
+    def _solve_chain(self, info: ChainInfo, k_after: int, end: int, other: ChainSol | None = None) -> ChainSol:
+        return super()._solve_chain(info, k_after, end)
+
+
+class _Counting(Probe):
+    """The plain probe, counting the solves that took rows from another end."""
+
+    taken = 0
+
+    def _solve_chain(self, info: ChainInfo, k_after: int, end: int, other: ChainSol | None = None) -> ChainSol:
+        sol = super()._solve_chain(info, k_after, end, other)
+        if other is not None and end > 0 and sol.choice[0] is other.choice[0]:
+            _Counting.taken += 1
+        return sol
+
+
+def _chain_rows(found: Probe) -> dict[tuple[int, int, int], tuple[Any, ...]]:
+    """Every chain the probe solved: its rows' needs, breakpoints and every cell's choice, up to its end."""
+    return {key: (sol.need[:key[2]], sol.breaks[:key[2]],
+                  [[sol.choice[start][v] for v in range(len(sol.need[start]))] for start in range(key[2])])
+            for key, sol in found.chain_memo.items()}
+
+
+def _same_rows(search: Search) -> None:
+    for target in (math.inf, search.hi, search.hi * 1.05, search.hi * 0.8):
+        taking, alone = _Counting(search, target), _Alone(search, target)
+        assert (taking.best_entry(), _chain_rows(taking)) == (alone.best_entry(), _chain_rows(alone))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=cases(shapes=("two_branch", "nested", "fork_join")))
+def test_rows_taken_from_another_end_are_the_rows_solved(case: Case) -> None:
+    """With and without a binding memory limit, at targets from none to below the optimum: every chain a probe
+    solves (merge stages' lanes are prefixes of one branch cut at each tail) has the same rows, breakpoints and
+    choices whether the rows below a point are taken from the chain solved to another end or solved."""
+    for limit in (1e18, case.cluster.device.memory_bytes * 0.05):
+        search = _sp_search(case, limit)
+        if search.run() is not None:
+            _same_rows(search)
+
+
+def test_a_merge_stage_takes_its_lanes_rows_from_another_tail() -> None:
+    """Hugging Face CLIP's towers (2 layers, tiny) at op level on 32 devices: each attention's q, k and v are a block
+    inside a tower, so the merge stage's lanes are solved prefix by prefix, and some take rows from another."""
+    from graphpipe.cost.analytic import analytic_costs
+    from graphpipe.cost.presets import cluster_preset
+    from graphpipe.graph.capture import capture
+    from graphpipe.models import load_model
+
+    zoo = load_model(f"{Path(__file__).resolve().parents[2] / 'examples' / 'clip_towers.py'}:factory", device="meta",
+                     layers=2)
+    graph = capture(zoo.model, zoo.inputs)
+    request = make_request(graph, analytic_costs(graph, "v100-16gb"), cluster_preset("summit", 32), 128)
+    chains, pars = build_tables(request.model, request.sp_tree)
+    search = Search(request.model, request.sp_tree, 32, 8, request.memory_limit, chains, pars)
+    assert search.run() is not None
+    _Counting.taken = 0
+    _same_rows(search)
+    assert _Counting.taken > 0

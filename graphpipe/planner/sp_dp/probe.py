@@ -116,6 +116,8 @@ class Probe:
         self.joined_memo: dict[tuple[int, tuple[str, ...], int], JoinedSol] = {}  # (parallel block, join ops, k_after)
         self.entry_memo: dict[tuple[int, int, int], list[int]] = {}  # (chain's content, k_after, end)
         self.floor_rows_memo: dict[tuple[int, int, int, int], _FloorRows] = {}  # (chain's content, k_after, end, v)
+        self.ends_memo: dict[tuple[int, int], list[int]] = {}  # (chain's content, k_after): the ends solved
+        self.reach_memo: dict[int, list[int]] = {}  # chain's content: `_reach`
         self.blocks = ForkJoinSolver(self.tables, target_ms, host.shapes, host.merges)
 
     @property
@@ -133,7 +135,11 @@ class Probe:
         key = (info.content, k_after, end)  # twins (`ChainTables.twin_of`) share their rows
         sol = self.chain_memo.get(key)
         if sol is None:
-            sol = self.chain_memo[key] = self._solve_chain(info, k_after, end)
+            ends = self.ends_memo.setdefault((info.content, k_after), [])
+            other = min(ends, key=lambda solved: abs(solved - end), default=None)
+            sol = self.chain_memo[key] = self._solve_chain(
+                info, k_after, end, None if other is None else self.chain_memo[(info.content, k_after, other)])
+            ends.append(end)
         return sol
 
     def entry_need(self, info: ChainInfo, k_after: int, end: int | None = None) -> list[int]:
@@ -164,12 +170,18 @@ class Probe:
         FLOOR_ITEMS items, else None."""
         return None if info.num_items < FLOOR_ITEMS else self.blocks.free_floors(info)
 
-    def _solve_chain(self, info: ChainInfo, k_after: int, end: int) -> ChainSol:
+    def _solve_chain(self, info: ChainInfo, k_after: int, end: int, other: ChainSol | None = None) -> ChainSol:
         """Suffix need vectors from `end` back to item 0. Rows past `end` stay infeasible, so no segment,
         block or parallel item reaches beyond it (a prefix of a chain reuses the chain's tables); they are
         only read, so they share one row (a merge stage's prefixes solve many short ends of a long chain),
         as do the rows where no stage starts within the target. A row where no block starts holds only
-        segments, built settled from the cells they write (`need.settle_segments`)."""
+        segments, built settled from the cells they write (`need.settle_segments`).
+
+        `other` is the same chain and k_after solved to another end (a merge stage's lanes are prefixes of a
+        tower cut at one tail after another). A row is computed from the rows it reads only (`_reach`); so
+        once every row that the rows below `start` read is the same in both, all the rows below are `other`'s,
+        which are taken as they are (on CLIP's towers, most prefixes of one tower meet the last one's rows a
+        few dozen items before their ends)."""
         t = self.tables
         num_items, max_v, num_devices = info.num_items, t.max_v, t.num_devices
         cells = max_v + 1
@@ -183,7 +195,13 @@ class Probe:
         fewest[end] = breaks[end][-1][1] if breaks[end] else BIG
         offers = self.host.offers(info, self.target)
         span, unit = offers.span, offers.unit
+        reach = self._reach(info, offers) if other is not None else []
+        differs = end  # the lowest row solved so far that is not `other`'s (row `end` is not: it ends this chain)
         for start in range(end - 1, -1, -1):
+            if other is not None and reach[start] < differs:  # every row that rows [0, start] read is the same
+                need[:start + 1], choice[:start + 1] = other.need[:start + 1], other.choice[:start + 1]
+                breaks[:start + 1] = other.breaks[:start + 1]
+                break
             segments = self._segment_keys(offers, start, breaks, fewest, cells)
             if info.next_parallel[start] < num_items:  # a parallel item at or after `start`: blocks may start here
                 written = row_for(cells, segments, span, unit)
@@ -195,12 +213,32 @@ class Probe:
                 row, chosen, found = written.settle(num_devices)
             elif segments is not None:
                 row, chosen, found = settle_segments(*segments, span, unit, num_devices, cells)
-            else:
-                continue  # no stage starts here within the target: the dead row
+            else:  # no stage starts here within the target: the dead row
+                if other is not None and other.need[start] != dead:
+                    differs = start
+                continue
             need[start], choice[start], breaks[start] = row, chosen, found
             if found:
                 fewest[start] = found[-1][1]
+            if other is not None and (found != other.breaks[start] or row != other.need[start]):
+                differs = start
         return ChainSol(need=need, choice=choice, breaks=breaks)
+
+    def _reach(self, info: ChainInfo, offers: SegmentOffers) -> list[int]:
+        """Per start s, the highest row that rows [0, s] read (`_solve_chain`): the stops of the segments within
+        the target, the row after the parallel item, the rows after the blocks starting there; per probe."""
+        found = self.reach_memo.get(info.content)
+        if found is None:
+            found, highest, target = [], 0, self.target
+            for start in range(info.num_items):
+                lo, hi = offers.offsets[start], bisect_right(offers.tps, target, offers.offsets[start],
+                                                             offers.offsets[start + 1])
+                block = info.fork_join(start)
+                highest = max(highest, start + 1, max(offers.stops[lo:hi], default=0),
+                              0 if block is None else block.stop)
+                found.append(highest)
+            self.reach_memo[info.content] = found
+        return found
 
     def _segment_keys(self, offers: SegmentOffers, start: int, breaks: list[list[tuple[int, int]]],
                       fewest: list[int], size: int) -> tuple[list[int], list[int]] | None:

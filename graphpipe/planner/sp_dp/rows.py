@@ -8,11 +8,14 @@ Strict improvements in a fixed order make each cell's choice the first candidate
 
 Two forms of the same step, chosen by the number of cells (`row_for`):
 
-- `ListRow`, a Python step per cell: the cheapest form up to a few hundred cells (devices + 2), where a numpy
-  call costs more than the cells it replaces (67 cells, three candidates: 17 us in lists, 31 us in arrays);
-- `ArrayRow`, a numpy step per candidate, from ARRAY_CELLS on: at 512 devices a row has 515 cells and a block
-  row about fifteen candidates, and the per-cell loop was over half of a probe. Its choices are decoded on
-  demand (`RowChoices`): only the cells a plan is rebuilt from are ever read.
+- `ListRow`, a Python step per cell: the cheaper form up to about 130 cells (devices + 2), where a numpy call
+  costs as much as the cells it replaces or more;
+- `ArrayRow`, a numpy step per candidate, from ARRAY_CELLS on: at 512 devices a row has 514 cells, and on
+  CLIP's towers at op level 25 candidates on average, and the per-cell loop was over half of a probe's
+  profile. Its choices are decoded on demand (`RowChoices`): only the cells a plan is rebuilt from are read.
+
+Replayed on the rows one probe builds (docs/architecture.md, "A row where blocks start is built as arrays"):
+at 66 cells lists take about half the time of arrays, at 130 the same, at 514 a sixth.
 
 `tests/planner/test_rows.py` proves both forms give the same row, choices and breakpoints.
 """

@@ -132,8 +132,7 @@ def _window_offers(search: Search, info: ChainInfo, target_ms: float) -> Segment
 
 
 class _Alone(Probe):
-    """A probe that solves every chain from its end, never taking rows from the same chain solved to another end;
-    it counts the solves of the plain probe's that took rows (`taken`)."""
+    """A probe that solves every chain from its end, never taking rows from the same chain solved to another end."""
 
     def _solve_chain(self, info: ChainInfo, k_after: int, end: int, other: ChainSol | None = None) -> ChainSol:
         return super()._solve_chain(info, k_after, end)

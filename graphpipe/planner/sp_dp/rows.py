@@ -27,7 +27,16 @@ from typing import Final
 import numpy as np
 
 from graphpipe.planner.sp_dp.blocks import BIG
-from graphpipe.planner.sp_dp.need import SEG, BlockSol, ChainChoice, ItemKind, LayoutChoice, settle, write_segments
+from graphpipe.planner.sp_dp.need import (
+    SEG,
+    BlockSol,
+    ChainChoice,
+    ItemKind,
+    LayoutChoice,
+    feasible_breakpoints_of_rows,
+    settle,
+    write_segments,
+)
 
 ARRAY_CELLS: Final = 192  # cells (devices + 2) from which a row is built as arrays
 
@@ -92,13 +101,11 @@ class ArrayRow:
             self.writer[first:][better] = len(self.items)
 
     def settle(self, num_devices: int) -> tuple[list[int], RowChoices, list[tuple[int, int]]]:
-        """`need.settle` on arrays (`monotone`), then the cap and the feasible breakpoints."""
+        """`need.settle` on arrays (`monotone`), then the cap and the feasible breakpoints (`need`'s reader of a
+        table's breakpoints, on this one row)."""
         least, source = monotone(self.values)
-        feasible = least <= num_devices
-        drops = np.ones(len(least), dtype=bool)
-        np.less(least[1:], least[:-1], out=drops[1:])
-        row: list[int] = np.where(feasible, least, BIG).tolist()
-        found = [(v, row[v]) for v in np.flatnonzero(feasible & drops).tolist()]
+        row: list[int] = np.where(least <= num_devices, least, BIG).tolist()
+        found = feasible_breakpoints_of_rows(least[None], num_devices)[0]
         return row, RowChoices(self.writer[source], source, self), found
 
 

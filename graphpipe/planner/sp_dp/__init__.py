@@ -48,8 +48,8 @@ leaves right before it in its own chain) and t + 1 join runs (its own, or merged
 the blocks around it). Keyed by chain, with fork lanes solved whole, every extended chain had
 re-solved the blocks inside it with new fork and join runs: about 3x the chain tables and
 solves per level of nesting, 3-5x the time. Every block content is solved once per k_after and
-with or without J: its c^2 + c layouts cost O(V) each, plus O(L·D·V) for F's stage (L the
-items of F's lane) in the few layouts that pass an O(V) floor test (`fork_join`), plus
+with or without J: its c^2 + c layouts cost O(V) each, plus O(L·D·B) for F's stage (L the
+items of F's lane, B the breakpoints of its rest: about one on the graphs measured, `fork_join`), plus
 O(L0·L1·(D + R)) for the merge tails of a two-branch block (R <= V the runs of cells where the
 lanes' vectors are all constant: `need.CellRuns`); every chain of L items costs
 O(L^2·D·V) at most. Summed over the tree this is polynomial in n, and at a fixed op count it

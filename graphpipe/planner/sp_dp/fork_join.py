@@ -56,10 +56,9 @@ build its row 0, where blocks nested in B take F into their own fork runs, whose
 do the same one level down: that made the work grow by a factor per level of nesting. Now fork
 runs stay in their chain, and a join run travels only into the last block of a branch
 (B + [J] is solved whole): a block at nesting depth t has at most t + 1 join runs. Per probe
-and k_after, a block costs O(c^2 V) for its plain layouts plus, per layout with a fork, one
-O(V) test against a floor (F's stage and the rest of its lane, per u, `ForkLane`), which most
-layouts fail (they cannot better a cell of the block's vector), and O(stops x breakpoints) for
-the others.
+and k_after, a block costs O(c^2 V) for its plain layouts plus, per layout with a fork,
+O(options x breakpoints) for F's stage (`_fork_stage`: about one breakpoint per option on the
+graphs measured).
 """
 
 from __future__ import annotations
@@ -223,11 +222,10 @@ def _plain_layouts(block: Block, with_join: bool) -> Iterator[Layout]:
 @dataclass(frozen=True, slots=True)
 class ForkLane:
     """What `_fork_stage` reads of a fork's lane in a probe, the same for every layout and side: F's stage
-    options (stop, d1, most in flight) by degree and then stop, the body's solution and the floor."""
+    options (stop, d1, most in flight) by degree and then stop, and the body's solution."""
 
     options: list[tuple[int, int, int]]
     body: ChainSol
-    floor: list[int]
 
 
 @dataclass(slots=True)
@@ -654,24 +652,15 @@ class ForkJoinSolver:
         row 0 (blocks whose fork runs would take F along, and their extended chains, level after level)
         is never built; only the segments from item 0 are read from the lane's tables.
 
-        Most layouts better no cell of the block's vector: those are skipped in O(v) with a floor, per u,
-        of F's stage and the rest of its lane (`ForkLane`). A candidate at cell u + 1 matters only if it
-        is below the cell's best so far, within the devices and no more than every cell below it (else the
-        monotone pass of `_solve` replaces it by the cell below, or the cell is infeasible whatever
-        it holds), so a layout none of whose cells passes that test on its floor writes nothing that
-        counts."""
+        Every option is tried, with no floor test first: it writes a candidate only at the breakpoints of the
+        body's row before its stop plus the side, below its most in flight (`_Side.sum_at`, shared by every
+        fork run into the block), about one per option on the graphs measured. A candidate that is below the
+        cell's best so far but above a cell below it, or above the devices, changes neither the settled vector
+        nor a feasible cell's choice (`settle_block` replaces it by the cell below, or caps it), so the cells
+        a floor test would skip are written to no effect, and costed in less time than the test took (on
+        CLIP's towers at op level its O(v) scan was 40% of a probe: `docs/architecture.md`)."""
         fork = self._fork_lane(solver, shape, k_lane)
         if fork is None:
-            return
-        side = shared.need
-        cap = self.tables.num_devices
-        for u, least in enumerate(fork.floor):
-            if vec[u] < cap:
-                cap = vec[u]
-            cost = least + side[u]
-            if cost < vec[u + 1] and cost <= cap:
-                break
-        else:
             return
         need, row_breaks = fork.body.need, fork.body.breaks
         for stop, d1, k_max in fork.options:
@@ -685,9 +674,7 @@ class ForkJoinSolver:
 
     def _fork_lane(self, solver: ChainSolver, shape: _Shape, k_lane: int) -> ForkLane | None:
         """The lane's `ForkLane` (None: no segment from item 0 meets the target), memoised: the layouts that
-        give F to the same branch share it. The floor at u is the fewest devices over the options that hold
-        u + 1 micro-batches, of F's stage plus the body's row after it at u: with the side's need at u
-        added, no candidate at cell u + 1 costs less."""
+        give F to the same branch share it."""
         per_k = self.lane_memo.get(shape.fork_key)
         if per_k is None:
             per_k = self.lane_memo[shape.fork_key] = {}
@@ -699,13 +686,7 @@ class ForkJoinSolver:
         found = None
         if options:
             body = solver.chain(lane.body, k_lane, end - 1)  # the lane's row i is the body's row i - 1
-            floor = [BIG] * self.tables.max_v
-            for stop, d1, k_max in options:
-                row = body.need[stop - 1]
-                for u in range(min(k_max, len(floor))):
-                    if row[u] + d1 < floor[u]:
-                        floor[u] = row[u] + d1
-            found = ForkLane(options, body, floor)
+            found = ForkLane(options, body)
         per_k[k_lane] = found
         return found
 

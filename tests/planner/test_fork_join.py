@@ -1,14 +1,17 @@
 """Fork/join blocks (`sp_dp.fork_join`): the blocks that differ only in their fork run share each plain layout's side
-(`_Side`, kept per probe by the layout without F), and sharing it changes no block's vector or choice."""
+(`_Side`, kept per probe by the layout without F), and those whose fork runs give F's stage the same options share
+the whole solution (`ForkJoinSolver._same_stages`); sharing changes no block's vector or choice."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 
 from graphpipe.planner.api import make_request
+from graphpipe.planner.request import PlanRequest
 from graphpipe.planner.sp_dp import Probe, Search, build_tables
 from tests.planner.random_sp_graphs import Case, cases
 
@@ -16,36 +19,75 @@ FORK_RUNS = ("fork_join", "two_branch", "nested")  # the shapes with leaves befo
 
 
 class _Forgetful(dict[Any, Any]):
-    """A memo that keeps nothing: every side is built afresh, as before it was shared."""
+    """A memo that keeps nothing: every side or block is built afresh, as before it was shared."""
 
     def __setitem__(self, key: Any, value: Any) -> None:
         del key, value
 
 
-def _blocks(case: Case, limit: float, forget: bool) -> list[dict[Any, tuple[list[int], list[Any]]]]:
-    """Every block's need vector and choices in probes from no target to below the optimum, with the sides shared
-    or (`forget`) each built afresh."""
-    request = make_request(case.graph, case.costs, case.cluster, case.global_batch_size,
-                           micro_batch_sizes=[case.micro_batch_size], memory_limit=limit)
+class _Counted(dict[Any, Any]):
+    """A memo that counts the reads that find something."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found = 0
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        hit = super().get(key, default)
+        self.found += hit is not None
+        return hit
+
+
+Blocks = dict[Any, tuple[list[int], list[Any]]]
+
+
+def _blocks(request: PlanRequest, micro_batch_size: int, forget: bool) -> tuple[list[Blocks], int]:
+    """Every block's need vector and choices in probes from no target to below the optimum, with the sides and
+    solutions shared or (`forget`) each built afresh; and how many blocks read another's solution."""
     chains, pars = build_tables(request.model, request.sp_tree)
-    search = Search(request.model, request.sp_tree, request.num_devices, case.micro_batch_size, limit, chains, pars)
+    search = Search(request.model, request.sp_tree, request.num_devices, micro_batch_size, request.memory_limit,
+                    chains, pars)
     search.run()
-    found = []
+    found, shared = [], 0
     for target in (math.inf, search.hi, search.hi * 0.8):
         probe = Probe(search, target)
+        stages = probe.blocks.stages_memo = _Counted()
         if forget:
             probe.blocks.side_memo = _Forgetful()
+            probe.blocks.stages_memo = _Forgetful()
         probe.best_entry()
+        shared += stages.found
         found.append({key: (sol.need, [sol.choice[v] for v in range(len(sol.need))])
                       for key, sol in probe.block_memo.items()})
-    return found
+    return found, shared
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(case=cases(shapes=FORK_RUNS))
-def test_sharing_the_sides_of_fork_runs_changes_no_block(case: Case) -> None:
+def test_sharing_between_fork_runs_changes_no_block(case: Case) -> None:
     """With and without a binding memory limit, every block a probe solves has the same vector and choices whether
-    the blocks that differ only in F read one side per layout or each builds its own."""
+    the blocks that differ only in F read one side per layout and one solution per set of F's options, or each
+    builds its own."""
     for limit in (1e18, case.cluster.device.memory_bytes * 0.05):
-        assert _blocks(case, limit, forget=False) == _blocks(case, limit, forget=True)
+        request = make_request(case.graph, case.costs, case.cluster, case.global_batch_size,
+                               micro_batch_sizes=[case.micro_batch_size], memory_limit=limit)
+        shared, _ = _blocks(request, case.micro_batch_size, forget=False)
+        assert shared == _blocks(request, case.micro_batch_size, forget=True)[0]
 
+
+def test_fork_runs_into_clips_attention_share_their_solutions() -> None:
+    """Hugging Face CLIP's towers (2 layers, tiny) at op level on 32 devices: the fork runs into each attention's
+    q, k and v block start at items that cost nothing or change no option, so blocks read others' solutions, and
+    every block is the same as solved afresh."""
+    from graphpipe.cost.analytic import analytic_costs
+    from graphpipe.cost.presets import cluster_preset
+    from graphpipe.graph.capture import capture
+    from graphpipe.models import load_model
+
+    zoo = load_model(f"{Path(__file__).resolve().parents[2] / 'examples' / 'clip_towers.py'}:factory", device="meta",
+                     layers=2)
+    graph = capture(zoo.model, zoo.inputs)
+    request = make_request(graph, analytic_costs(graph, "v100-16gb"), cluster_preset("summit", 32), 128)
+    shared, reads = _blocks(request, 8, forget=False)
+    assert reads > 0
+    assert shared == _blocks(request, 8, forget=True)[0]

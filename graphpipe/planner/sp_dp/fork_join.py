@@ -687,7 +687,8 @@ class ForkJoinSolver:
         cell's best so far but above a cell below it, or above the devices, changes neither the settled vector
         nor a feasible cell's choice (`settle_block` replaces it by the cell below, or caps it), so the cells
         a floor test would skip are written to no effect, and costed in less time than the test took (on
-        CLIP's towers at op level its O(v) scan was 40% of a probe: `docs/architecture.md`)."""
+        CLIP's towers at op level its O(v) scan was about a fifth of a probe and building its floor another
+        7%: `docs/architecture.md`)."""
         fork = self._fork_lane(solver, shape, k_lane)
         if fork is None:
             return

@@ -206,6 +206,11 @@ class Shapes:
         return _Shape(fork, rest, others, end, last, (fork.chain.content, end, last))
 
 
+def _has_merges(block: Block, with_join: bool) -> bool:
+    """Whether the block has merge layouts (J's stage taking both branches' tails): two branches, with J."""
+    return with_join and block.join is not None and block.num_branches == MERGE_BRANCHES
+
+
 def _without(full: int, *positions: int | None) -> int:
     for pos in positions:
         if pos is not None:
@@ -358,7 +363,7 @@ class ForkJoinSolver:
         whose fork runs give the same options have the same vector and choices. Fork runs that start at
         adjacent items often do: the item between them costs nothing (a view, a transpose) or changes no
         option. On CLIP's towers at op level 2,415 of a probe's 3,486 fork-run blocks read another's."""
-        if block.fork is None or (with_join and block.join is not None and block.num_branches == MERGE_BRANCHES):
+        if block.fork is None or _has_merges(block, with_join):
             return None
         options = tuple(None if shape.fork is None or shape.fork.chain is None
                         else self._fork_options(shape.fork.chain, shape.fork_last)
@@ -385,7 +390,7 @@ class ForkJoinSolver:
         for layout, shape in self.shapes.plain(block, with_join):
             shared = (block.pinfo.index, join_ops, k_after, layout.rf, layout.rj)
             self._place(solver, layout, shape, psol, (k_after, k_side), vec, chosen, shared)
-        if with_join and block.join is not None and block.num_branches == MERGE_BRANCHES:
+        if _has_merges(block, with_join):
             self._merges(solver, block, psol, (k_after, k_side), vec, chosen)
         return settle_block(vec, chosen, self.tables.num_devices)
 

@@ -5,14 +5,16 @@ the whole solution (`ForkJoinSolver._same_stages`); sharing changes no block's v
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 
+from graphpipe.cost.analytic import analytic_costs
+from graphpipe.cost.presets import cluster_preset
 from graphpipe.planner.api import make_request
 from graphpipe.planner.request import PlanRequest
 from graphpipe.planner.sp_dp import Probe, Search, build_tables
+from tests.planner.clip import clip_towers_graph
 from tests.planner.random_sp_graphs import Case, cases
 
 FORK_RUNS = ("fork_join", "two_branch", "nested")  # the shapes with leaves before a block of at most 4 branches
@@ -79,14 +81,7 @@ def test_fork_runs_into_clips_attention_share_their_solutions() -> None:
     """Hugging Face CLIP's towers (2 layers, tiny) at op level on 32 devices: the fork runs into each attention's
     q, k and v block start at items that cost nothing or change no option, so blocks read others' solutions, and
     every block is the same as solved afresh."""
-    from graphpipe.cost.analytic import analytic_costs
-    from graphpipe.cost.presets import cluster_preset
-    from graphpipe.graph.capture import capture
-    from graphpipe.models import load_model
-
-    zoo = load_model(f"{Path(__file__).resolve().parents[2] / 'examples' / 'clip_towers.py'}:factory", device="meta",
-                     layers=2)
-    graph = capture(zoo.model, zoo.inputs)
+    graph = clip_towers_graph()
     request = make_request(graph, analytic_costs(graph, "v100-16gb"), cluster_preset("summit", 32), 128)
     shared, reads = _blocks(request, 8, forget=False)
     assert reads > 0

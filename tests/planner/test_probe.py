@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from graphpipe.cost.analytic import analytic_costs
+from graphpipe.cost.presets import cluster_preset
 from graphpipe.planner.api import make_request
 from graphpipe.planner.sp_dp import Probe, Search, build_tables, partition_sp, probe
 from graphpipe.planner.sp_dp.need import ChainSol
 from graphpipe.planner.sp_dp.size_tables import SegmentOffers
 from graphpipe.planner.sp_dp.tables import ChainInfo
 from graphpipe.planner.stage_spec import StageSpec
+from tests.planner.clip import clip_towers_graph
 from tests.planner.random_sp_graphs import Case, cases
 
 
@@ -178,14 +180,7 @@ def test_rows_taken_from_another_end_are_the_rows_solved(case: Case) -> None:
 def test_a_merge_stage_takes_its_lanes_rows_from_another_tail() -> None:
     """Hugging Face CLIP's towers (2 layers, tiny) at op level on 32 devices: each attention's q, k and v are a block
     inside a tower, so the merge stage's lanes are solved prefix by prefix, and some take rows from another."""
-    from graphpipe.cost.analytic import analytic_costs
-    from graphpipe.cost.presets import cluster_preset
-    from graphpipe.graph.capture import capture
-    from graphpipe.models import load_model
-
-    zoo = load_model(f"{Path(__file__).resolve().parents[2] / 'examples' / 'clip_towers.py'}:factory", device="meta",
-                     layers=2)
-    graph = capture(zoo.model, zoo.inputs)
+    graph = clip_towers_graph()
     request = make_request(graph, analytic_costs(graph, "v100-16gb"), cluster_preset("summit", 32), 128)
     chains, pars = build_tables(request.model, request.sp_tree)
     search = Search(request.model, request.sp_tree, 32, 8, request.memory_limit, chains, pars)

@@ -5,6 +5,8 @@ and per in-flight count k_after at which the rest of the chain drops (a breakpoi
 item's need vector given k_after plus those devices, at every cell v > k_after where that is strictly cheaper than
 what the row holds (the choice `(kind, with_join, k_after, v)`), and is then settled like any row (`need.settle`).
 Strict improvements in a fixed order make each cell's choice the first candidate that reaches its least value.
+A row also says when a candidate could change nothing (`overridden`: no better than what each cell holds, or above
+what a smaller v holds), which lets `Probe._before` skip solving it.
 
 Two forms of the same step, chosen by the number of cells (`row_for`):
 
@@ -65,6 +67,20 @@ class ListRow:
                 row[v] = cost
                 chosen[v] = (kind, with_join, k_after, v)
 
+    def overridden(self, k_after: int, devices: int, floor: Vector) -> bool:
+        """True when no vector at or above `floor`, written at k_after on `devices`, would change the settled row or
+        its choices: at every cell it is no better than what the cell holds, or a smaller v already holds strictly
+        less (which `settle` keeps instead, then as later candidates only lower cells)."""
+        row, first = self.row, k_after + 1
+        least = min(row[:first])
+        for here, now in zip(floor[first:], row[first:]):
+            cost = here + devices
+            if cost < now and cost <= least:
+                return False
+            if now < least:
+                least = now
+        return True
+
     def settle(self, num_devices: int) -> tuple[list[int], list[ChainChoice | None], list[tuple[int, int]]]:
         found = settle(self.row, self.chosen, num_devices)
         return self.row, self.chosen, found
@@ -99,6 +115,13 @@ class ArrayRow:
             self.items.append((kind, with_join, k_after))
             held[better] = cost[better]
             self.writer[first:][better] = len(self.items)
+
+    def overridden(self, k_after: int, devices: int, floor: Vector) -> bool:
+        """`ListRow.overridden` on the row's cells above k_after at once."""
+        first = k_after + 1
+        cost = np.asarray(floor[first:], dtype=np.int64) + devices
+        below = np.minimum.accumulate(self.values)[first - 1:-1]  # per cell v, the least of the cells under it
+        return not bool(np.any((cost < self.values[first:]) & (cost <= below)))
 
     def settle(self, num_devices: int) -> tuple[list[int], RowChoices, list[tuple[int, int]]]:
         """`need.settle` on arrays (`monotone`), then the cap and the feasible breakpoints (`need`'s reader of a

@@ -1,6 +1,7 @@
 """Fork/join blocks (`sp_dp.fork_join`): the blocks that differ only in their fork run share each plain layout's side
 (`_Side`, kept per probe by the layout without F), and those whose fork runs give F's stage the same options share
-the whole solution (`ForkJoinSolver._same_stages`); sharing changes no block's vector or choice."""
+the whole solution (`ForkJoinSolver._same_stages`); sharing changes no block's vector or choice. The floor of every
+fork run into a block (`ForkJoinSolver.fork_floor`) is at or below each such block's vector."""
 
 from __future__ import annotations
 
@@ -86,3 +87,52 @@ def test_fork_runs_into_clips_attention_share_their_solutions() -> None:
     shared, reads = _blocks(request, 8, forget=False)
     assert reads > 0
     assert shared == _blocks(request, 8, forget=True)[0]
+
+
+def _floors_and_blocks(request: PlanRequest, micro_batch_size: int) -> list[tuple[list[int], list[int]]]:
+    """Per fork-run block whose floor a probe reads (probes from no target to below the optimum), the floor
+    (`fork_floor`) and the block's need vector, solved after the probe whether or not the probe skipped it."""
+    chains, pars = build_tables(request.model, request.sp_tree)
+    search = Search(request.model, request.sp_tree, request.num_devices, micro_batch_size, request.memory_limit,
+                    chains, pars)
+    search.run()
+    pairs = []
+    for target in (math.inf, search.hi, search.hi * 0.8):
+        probe = Probe(search, target)
+        read = probe.blocks.fork_floor
+        met: list[tuple[Any, bool, int, list[int]]] = []
+
+        def recorded(solver: Any, block: Any, shortest: Any, with_join: bool, k_after: int,
+                     read: Any = read, met: list[Any] = met) -> tuple[list[int], list[int]] | None:
+            found: tuple[list[int], list[int]] | None = read(solver, block, shortest, with_join, k_after)
+            if found is not None:
+                met.append((block, with_join, k_after, found[0]))
+            return found
+
+        probe.blocks.fork_floor = recorded  # type: ignore[method-assign]
+        probe.best_entry()
+        pairs += [(floor, probe.blocks.vector(probe, block, with_join, k_after))
+                  for block, with_join, k_after, floor in met]
+    return pairs
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=cases(shapes=FORK_RUNS))
+def test_a_fork_floor_is_below_every_fork_run_into_its_block(case: Case) -> None:
+    """With and without a binding memory limit: every block with a fork run is at or above its block's floor (the
+    shortest fork run's stage judged by compute alone) at every cell."""
+    for limit in (1e18, case.cluster.device.memory_bytes * 0.05):
+        request = make_request(case.graph, case.costs, case.cluster, case.global_batch_size,
+                               micro_batch_sizes=[case.micro_batch_size], memory_limit=limit)
+        for floor, vector in _floors_and_blocks(request, case.micro_batch_size):
+            assert all(low <= value for low, value in zip(floor, vector, strict=True))
+
+
+def test_clips_fork_runs_are_above_their_floors() -> None:
+    """CLIP's towers (2 layers, tiny) at op level on 32 devices: each attention's q, k and v block has fork runs from
+    the items before it, and every one is at or above the block's floor."""
+    graph = clip_towers_graph()
+    request = make_request(graph, analytic_costs(graph, "v100-16gb"), cluster_preset("summit", 32), 128)
+    pairs = _floors_and_blocks(request, 8)
+    assert len(pairs) > 100
+    assert all(all(low <= value for low, value in zip(floor, vector, strict=True)) for floor, vector in pairs)

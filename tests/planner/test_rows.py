@@ -1,7 +1,7 @@
 """A chain row where items start (`sp_dp.rows`): written as arrays, it is the row written cell by cell, with the
 same values, choices and breakpoints; a block's vector settled as arrays is the one settled cell by cell; and the
 search keeps the same plans with either form. A candidate the row says it overrides (`overridden`) changes nothing
-when written, in either form, and skipping such candidates changes no plan."""
+when written, in either form, and skipping the items whose floors a row overrides changes no plan."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from graphpipe.planner.api import make_request
 from graphpipe.planner.request import PlanRequest
 from graphpipe.planner.sp_dp import partition_sp, rows
 from graphpipe.planner.sp_dp.blocks import BIG
-from graphpipe.planner.sp_dp.need import BLOCK, JOINED, NO_KEY, OPEN, Layout, LayoutChoice
+from graphpipe.planner.sp_dp.need import BLOCK, JOINED, NO_KEY, OPEN, Layout, LayoutChoice, drops
 from graphpipe.planner.sp_dp.rows import ArrayRow, ListRow, Segments, row_for, settle_block
 from graphpipe.planner.stage_spec import StageSpec
 from tests.planner.clip import clip_towers_graph
@@ -83,8 +83,9 @@ def _written_rows(rng: np.random.Generator, cells: int, num_devices: int) -> tup
 @settings(max_examples=400)
 @given(seed=st.integers(0, 2**32 - 1), cells=st.sampled_from([2, 3, 5, 9, 17, 40]), num_devices=st.integers(1, 24))
 def test_a_candidate_the_row_overrides_changes_nothing(seed: int, cells: int, num_devices: int) -> None:
-    """Both forms agree on `overridden`; where it holds, a vector at or above the floor written there, before or
-    after other candidates, leaves the settled row, every choice and the breakpoints as they are without it."""
+    """Both forms agree on `overridden` (the lists cell by cell and per run of the floor); where it holds, a
+    vector at or above the floor written there, before or after other candidates, leaves the settled row, every
+    choice and the breakpoints as they are without it."""
     rng = np.random.default_rng(seed)
     state = rng.bit_generator.state
     k_after, devices = int(rng.integers(0, cells)), int(rng.integers(0, num_devices + 1))
@@ -97,6 +98,7 @@ def test_a_candidate_the_row_overrides_changes_nothing(seed: int, cells: int, nu
         rng.bit_generator.state = state  # the same row each time
         by_list, by_array = _written_rows(rng, cells, num_devices)
         verdict = by_list.overridden(k_after, devices, floor)
+        assert by_list.overridden(k_after, devices, floor, drops(floor)) == verdict  # read per run of the floor
         assert by_array.overridden(k_after, devices, np.array(floor, dtype=np.int64)) == verdict
         if not verdict:
             return
@@ -175,21 +177,36 @@ def _every_plan(request: PlanRequest) -> dict[int, list[list[StageSpec]]]:
                         request.memory_limit, every_size=True)
 
 
+def _same_plans_without_skipping(request: PlanRequest, counted: _CountedVerdicts) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ListRow, "overridden", lambda row, *args: counted(row, *args))
+        expected = _every_plan(request)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ListRow, "overridden", lambda *args: False)
+        assert _every_plan(request) == expected
+
+
 def test_skipping_what_the_row_overrides_changes_no_plan() -> None:
-    """`Probe._before` skips a block at a rest's later breakpoint when the row overrides its floor (the vector at
-    the breakpoint before). On Hugging Face CLIP's towers (2 layers, tiny) at op level on 32 devices, where rests
-    after each attention's q, k and v block have several breakpoints, some blocks are skipped, and with nothing
-    skipped every plan the search keeps is the same, with and without a binding memory limit (which also checks
-    that the need vectors the DP computes never fall as k_after grows)."""
+    """`Probe._before` skips an item where the row overrides a floor of its vector: the block's fork floor
+    (`ForkJoinSolver.fork_floor`) at a rest's first breakpoint, the vector at the breakpoint before at a later one.
+    On Hugging Face CLIP's towers (2 layers, tiny) at op level on 32 devices, where every attention's q, k and v
+    block has fork runs and the rests after them several breakpoints, blocks are skipped, and with nothing skipped
+    every plan the search keeps is the same, with and without a binding memory limit."""
     graph = clip_towers_graph()
     costs, cluster = analytic_costs(graph, "v100-16gb"), cluster_preset("summit", 32)
     counted = _CountedVerdicts()
     for limit in (None, 2 * 2**30):
-        request = make_request(graph, costs, cluster, 128, micro_batch_sizes=[8], memory_limit=limit)
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(ListRow, "overridden", lambda row, *args: counted(row, *args))
-            expected = _every_plan(request)
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(ListRow, "overridden", lambda *args: False)
-            assert _every_plan(request) == expected
+        _same_plans_without_skipping(make_request(graph, costs, cluster, 128, micro_batch_sizes=[8],
+                                                  memory_limit=limit), counted)
     assert counted.skipped > 0
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=cases(shapes=("fork_join", "two_branch", "nested")))
+def test_skipping_changes_no_plan_on_random_graphs(case: Case) -> None:
+    """The same on random graphs with fork runs (where the fork floors skip blocks), with and without a binding
+    memory limit."""
+    for limit in (1e18, case.cluster.device.memory_bytes * 0.05):
+        request = make_request(case.graph, case.costs, case.cluster, case.global_batch_size,
+                               micro_batch_sizes=[case.micro_batch_size], memory_limit=limit)
+        _same_plans_without_skipping(request, _CountedVerdicts())

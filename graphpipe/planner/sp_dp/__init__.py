@@ -40,7 +40,9 @@ Cost of a probe, with n ops, V = devices + 2 in-flight values and D degrees. Eve
 is memoised in the probe by what its answer depends on: a chain suffix by (chain, k_after, end),
 a parallel block by (block, k_after), a fork/join block by (its parallel block, the ops of its
 fork and join runs, with or without J, k_after) and, without merge layouts, by the options its fork
-run gives F's stage instead of F's ops, never by the chain it was met in. The chains
+run gives F's stage instead of F's ops, never by the chain it was met in; and a row does not solve an item
+where a floor of its vector (the vector at the rest's breakpoint before, or the block's fork floor) shows that
+it could change nothing (`Probe._before`). The chains
 solved are the SP tree's, their prefixes cut at merge tails, and the branches with a join run
 appended (B_r + [J]); a fork's lane [F] + B_r is never solved itself, only B_r behind F's stage.
 So a fork run never travels into the blocks nested inside the branch, and a join run only into

@@ -51,7 +51,9 @@ and runs: `ChainTables.extended`) and the merge stages' costs (per block and siz
 `merge_tails.MergeTable`): the same block met in a branch and in that branch's extended chains
 is solved once. F enters a block without merge layouts only through the options of F's stage, so
 the fork runs that give it the same options (from adjacent items of a chain, often) share one
-solution (`ForkJoinSolver._same_stages`). A fork's lane is never solved as a chain: F's stage is items [0, stop) of
+solution (`ForkJoinSolver._same_stages`), and the shortest fork run, its stage judged by compute alone, gives a
+floor for all of them (`ForkJoinSolver.fork_floor`), with which a row skips the fork runs it would override
+(`Probe._before`). A fork's lane is never solved as a chain: F's stage is items [0, stop) of
 [F] + B (only its segments from item 0 are read), and the rest of the lane is B from item
 stop - 1, whose suffix rows are B's own (or those of B + [J]). Solving [F] + B whole would
 build its row 0, where blocks nested in B take F into their own fork runs, whose lanes would
@@ -339,6 +341,9 @@ class ForkJoinSolver:
         self.side_memo: dict[SideKey, _Side] = {}  # plain layouts' sides, shared by fork runs (`_Side`)
         self.fork_memo: dict[tuple[int, int], ForkOptions] = {}  # see `_fork_options`
         self.lane_memo: dict[tuple[int, int, int], dict[int, ForkLane | None]] = {}  # see `_fork_lane`
+        self.loose_fork_memo: dict[tuple[int, int], ForkOptions] = {}  # `_fork_options(loose=True)`
+        self.loose_lane_memo: dict[tuple[int, int, int], dict[int, ForkLane | None]] = {}  # `_fork_lane(loose=True)`
+        self.fork_floor_memo: dict[tuple[int, tuple[str, ...], bool, int], tuple[list[int], list[int]]] = {}
 
     def need(self, solver: ChainSolver, block: Block, with_join: bool, k_after: int) -> BlockSol:
         """Need vector of the block (entry = F's stage with a fork, else the branches' entries), memoised by
@@ -371,6 +376,29 @@ class ForkJoinSolver:
         join_ops = block.join.ops if with_join and block.join is not None else ()
         return block.pinfo.index, join_ops, with_join, k_after, options
 
+    def fork_floor(self, solver: ChainSolver, block: Block, shortest: Block, with_join: bool,
+                   k_after: int) -> tuple[list[int], list[int]] | None:
+        """A floor of the need vector of every block that differs from `shortest` (its fork run the one item right
+        before the parallel block) only in a longer fork run, and the cells where it changes (`need.drops`); None
+        for a block without F or with merge layouts.
+
+        Such a block depends on F only through the options of F's stage (`_same_stages`). A longer fork run's stage
+        holds every op of the shortest one's and more, so its compute per sample and its weights and activations
+        are at least theirs at every stop and degree; only its traffic may be less (another tensor crosses into
+        it). So the options of the shortest run's stage judged by compute alone, not TPS (`_fork_options` with
+        `loose`), include an option at least as good as each of a longer run's, and the block solved with them is
+        at or below each such block at every cell. Memoised per parallel block, J, with or without J and
+        k_after: one solve for every fork run into the block."""
+        if block.fork is None or _has_merges(block, with_join):
+            return None
+        join_ops = block.join.ops if with_join and block.join is not None else ()
+        key = (block.pinfo.index, join_ops, with_join, k_after)
+        hit = self.fork_floor_memo.get(key)
+        if hit is None:
+            floor = self._solve(solver, shortest, with_join, k_after, loose=True).need
+            hit = self.fork_floor_memo[key] = (floor, drops(floor))
+        return hit
+
     def vector(self, solver: ChainSolver, block: Block, with_join: bool, k_after: int) -> list[int]:
         return self.need(solver, block, with_join, k_after).need
 
@@ -378,9 +406,11 @@ class ForkJoinSolver:
         """`vector` as an array (`BlockSol.array`)."""
         return self.need(solver, block, with_join, k_after).array()
 
-    def _solve(self, solver: ChainSolver, block: Block, with_join: bool, k_after: int) -> BlockSol:
+    def _solve(self, solver: ChainSolver, block: Block, with_join: bool, k_after: int,
+               loose: bool = False) -> BlockSol:
         """Every layout's side (the lanes without F and the branches left whole), then F's stage where a layout
-        has one (`_fork_stage`); settled like a chain row. Merge layouts come last (`_merges`)."""
+        has one (`_fork_stage`); settled like a chain row. Merge layouts come last (`_merges`). With `loose`, F's
+        stage options are judged by compute alone (`fork_floor`)."""
         max_v = self.tables.max_v
         k_side = k_after + 1 if with_join else k_after
         psol = solver.par(block.pinfo, k_side)
@@ -389,13 +419,14 @@ class ForkJoinSolver:
         join_ops = block.join.ops if with_join and block.join is not None else ()
         for layout, shape in self.shapes.plain(block, with_join):
             shared = (block.pinfo.index, join_ops, k_after, layout.rf, layout.rj)
-            self._place(solver, layout, shape, psol, (k_after, k_side), vec, chosen, shared)
+            self._place(solver, layout, shape, psol, (k_after, k_side), vec, chosen, shared, loose)
         if _has_merges(block, with_join):
             self._merges(solver, block, psol, (k_after, k_side), vec, chosen)
         return settle_block(vec, chosen, self.tables.num_devices)
 
     def _place(self, solver: ChainSolver, layout: Layout, shape: _Shape, psol: ParSol, counts: tuple[int, int],
-               vec: list[int], chosen: list[LayoutChoice | None], shared: SideKey | None = None) -> None:
+               vec: list[int], chosen: list[LayoutChoice | None], shared: SideKey | None = None,
+               loose: bool = False) -> None:
         """Write one layout into the block's vector, given (k_after, k_side); a plain layout's side is kept by
         `shared` (its key without F) for the blocks that differ only in F."""
         k_after, k_side = counts
@@ -414,7 +445,7 @@ class ForkJoinSolver:
                 if devices < vec[v]:
                     vec[v], chosen[v] = devices, (layout, None)
             return
-        self._fork_stage(solver, layout, shape, k_side if shape.fork.at_side else k_after, side, vec, chosen)
+        self._fork_stage(solver, layout, shape, k_side if shape.fork.at_side else k_after, side, vec, chosen, loose)
 
     def _place_merge(self, solver: ChainSolver, layout: Layout, shape: _Shape, psol: ParSol, k_side: int,
                      vec: list[int], chosen: list[LayoutChoice | None], floors: Sequence[list[int]]) -> None:
@@ -678,7 +709,7 @@ class ForkJoinSolver:
 
     # ---- the fork's stage --------------------------------------------------------------------
     def _fork_stage(self, solver: ChainSolver, layout: Layout, shape: _Shape, k_lane: int, shared: _Side,
-                    vec: list[int], chosen: list[LayoutChoice | None]) -> None:
+                    vec: list[int], chosen: list[LayoutChoice | None], loose: bool = False) -> None:
         """F's stage = the first items [0, stop) of the fork's lane; the rest of the lane and the side after it.
 
         The rest of the lane is items [stop - 1, ...) of the lane's body (the lane without F), whose suffix
@@ -694,7 +725,7 @@ class ForkJoinSolver:
         a floor test would skip are written to no effect, and costed in less time than the test took (on
         CLIP's towers at op level its O(v) scan was about a fifth of a probe and building its floor another
         7%: `docs/architecture.md`)."""
-        fork = self._fork_lane(solver, shape, k_lane)
+        fork = self._fork_lane(solver, shape, k_lane, loose)
         if fork is None:
             return
         need, row_breaks = fork.body.need, fork.body.breaks
@@ -707,17 +738,18 @@ class ForkJoinSolver:
                     pick: ForkPick = (stop, d1, u)
                     vec[u + 1], chosen[u + 1] = cost, (layout, pick)
 
-    def _fork_lane(self, solver: ChainSolver, shape: _Shape, k_lane: int) -> ForkLane | None:
+    def _fork_lane(self, solver: ChainSolver, shape: _Shape, k_lane: int, loose: bool = False) -> ForkLane | None:
         """The lane's `ForkLane` (None: no segment from item 0 meets the target), memoised: the layouts that
         give F to the same branch share it."""
-        per_k = self.lane_memo.get(shape.fork_key)
+        memo = self.loose_lane_memo if loose else self.lane_memo
+        per_k = memo.get(shape.fork_key)
         if per_k is None:
-            per_k = self.lane_memo[shape.fork_key] = {}
+            per_k = memo[shape.fork_key] = {}
         elif k_lane in per_k:
             return per_k[k_lane]
         lane, end, last = shape.fork, shape.fork_end, shape.fork_last
         assert lane is not None and lane.chain is not None and lane.body is not None
-        options = self._fork_options(lane.chain, last)
+        options = self._fork_options(lane.chain, last, loose)
         found = None
         if options:
             body = solver.chain(lane.body, k_lane, end - 1)  # the lane's row i is the body's row i - 1
@@ -725,14 +757,16 @@ class ForkJoinSolver:
         per_k[k_lane] = found
         return found
 
-    def _fork_options(self, info: ChainInfo, last: int) -> ForkOptions:
+    def _fork_options(self, info: ChainInfo, last: int, loose: bool = False) -> ForkOptions:
         """(stop, d1, most in flight) of the segments [0, stop) of a fork's lane, stop <= last, within the
-        target, by degree and then stop (memoised: the same for every in-flight count).
+        target, by degree and then stop (memoised: the same for every in-flight count); with `loose`, those whose
+        compute per sample alone is within it (`fork_floor`).
 
         A degree is left out where a smaller one of the same segment holds as many micro-batches: it comes
         first and costs fewer devices at every cell the larger one reaches, so the larger never wins one."""
         key = (info.content, last)
-        hit = self.fork_memo.get(key)
+        memo = self.loose_fork_memo if loose else self.fork_memo
+        hit = memo.get(key)
         if hit is None:
             tables, target = self.tables, self.target
             found = []
@@ -741,10 +775,10 @@ class ForkJoinSolver:
                 compute, tps_row, k_maxes = tables.segment_rows(info, 0, d1, target)
                 for idx in range(min(bisect_right(compute, target), last)):
                     k_max = k_maxes[idx]
-                    if tps_row[idx] <= target and k_max > held[idx + 1]:
+                    if (loose or tps_row[idx] <= target) and k_max > held[idx + 1]:
                         held[idx + 1] = k_max
                         found.append((idx + 1, d1, k_max))
-            hit = self.fork_memo[key] = tuple(found)
+            hit = memo[key] = tuple(found)
         return hit
 
     # ---- reconstruction ----------------------------------------------------------------------

@@ -24,6 +24,8 @@ at 66 cells lists take about half the time of arrays, at 130 the same, at 514 a 
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from itertools import pairwise
 from typing import Final
 
 import numpy as np
@@ -49,11 +51,12 @@ Vector = list[int] | np.ndarray
 class ListRow:
     """The row as lists, written cell by cell (`need.write_segments`, then each candidate, then `need.settle`)."""
 
-    __slots__ = ("chosen", "row")
+    __slots__ = ("chosen", "holds_items", "row")
 
     def __init__(self, cells: int, segments: Segments, span: int, unit: int) -> None:
         self.row: list[int] = [BIG] * cells
         self.chosen: list[ChainChoice | None] = [None] * cells
+        self.holds_items = False  # an item was written: else the row is its segments' (`need.settle_segments`)
         if segments is not None:
             write_segments(*segments, span, unit, self.row, self.chosen)
 
@@ -61,17 +64,25 @@ class ListRow:
         """The item given k_after, then the rest at k_after on `devices`: each cell is read once, so the loop reads
         the row as it was before this candidate."""
         row, chosen, first = self.row, self.chosen, k_after + 1
+        self.holds_items = True
         for v, here, now in zip(range(first, len(row)), vector[first:], row[first:]):
             cost = here + devices
             if cost < now:
                 row[v] = cost
                 chosen[v] = (kind, with_join, k_after, v)
 
-    def overridden(self, k_after: int, devices: int, floor: Vector) -> bool:
+    def overridden(self, k_after: int, devices: int, floor: Vector, changes: list[int] | None = None) -> bool:
         """True when no vector at or above `floor`, written at k_after on `devices`, would change the settled row or
-        its choices: at every cell it is no better than what the cell holds, or a smaller v already holds strictly
-        less (which `settle` keeps instead, then as later candidates only lower cells)."""
+        its choices: at every cell it is no better than what the cell holds, or above what a smaller v already
+        holds (which `settle` keeps instead, then as later candidates only lower cells).
+
+        With `changes`, the cells where the floor changes value (`need.drops`), it is read per run of cells where
+        it is constant (one or two above k_after, on CLIP's towers): in a run, a cell can be bettered only while
+        the cells below it hold no less than the run's cost, a prefix of the run that usually ends at its first
+        cell; else cell by cell."""
         row, first = self.row, k_after + 1
+        if changes is not None:
+            return self._overridden_by_runs(first, devices, floor, changes)
         least = min(row[:first])
         for here, now in zip(floor[first:], row[first:]):
             cost = here + devices
@@ -79,6 +90,22 @@ class ListRow:
                 return False
             if now < least:
                 least = now
+        return True
+
+    def _overridden_by_runs(self, first: int, devices: int, floor: Vector, changes: list[int]) -> bool:
+        row = self.row
+        if first >= len(row):
+            return True
+        bounds = [first, *changes[bisect_right(changes, first):], len(row)]
+        for start, stop in pairwise(bounds):
+            cost = floor[start] + devices
+            if min(row[:start]) < cost:
+                continue
+            for now in row[start:stop]:
+                if cost < now:
+                    return False
+                if now < cost:
+                    break
         return True
 
     def settle(self, num_devices: int) -> tuple[list[int], list[ChainChoice | None], list[tuple[int, int]]]:
@@ -116,8 +143,13 @@ class ArrayRow:
             held[better] = cost[better]
             self.writer[first:][better] = len(self.items)
 
-    def overridden(self, k_after: int, devices: int, floor: Vector) -> bool:
-        """`ListRow.overridden` on the row's cells above k_after at once."""
+    @property
+    def holds_items(self) -> bool:
+        """Whether an item bettered a cell: else the row is its segments' (`need.settle_segments`)."""
+        return bool(self.items)
+
+    def overridden(self, k_after: int, devices: int, floor: Vector, changes: list[int] | None = None) -> bool:
+        """`ListRow.overridden` on the row's cells above k_after at once (`changes` is not needed)."""
         first = k_after + 1
         cost = np.asarray(floor[first:], dtype=np.int64) + devices
         below = np.minimum.accumulate(self.values)[first - 1:-1]  # per cell v, the least of the cells under it

@@ -104,8 +104,8 @@ def nested_blocks_hint(graph: OpGraph) -> str | None:
     branches of another (attention's q, k and v projections inside a tower, say) and layers can be kept whole.
     Around each such block every row of its branch may open a fork run, and a branch holding blocks is solved
     again for every in-flight count and merge tail that asks for it: Hugging Face CLIP's two towers of 24
-    layers at op level take 16-19x their chain DP's time at 64 devices, one to two minutes (mini-batch 128:
-    `benchmarks/search_time`, `--sweep library`), and about 2 minutes at 512 (mini-batch 512), against 0.2-0.8 s
+    layers at op level take about 9x their chain DP's time at 64 devices, about a minute (mini-batch 128:
+    `benchmarks/search_time`, `--sweep library`), and under 2 minutes at 512 (mini-batch 512), against 0.2-0.8 s
     at layer level. None for other graphs."""
     units = stage_units(graph)
     nested = _nested_blocks(sp_decompose(graph, units))

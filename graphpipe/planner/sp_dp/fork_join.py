@@ -213,6 +213,11 @@ def _has_merges(block: Block, with_join: bool) -> bool:
     return with_join and block.join is not None and block.num_branches == MERGE_BRANCHES
 
 
+def _join_ops(block: Block, with_join: bool) -> tuple[str, ...]:
+    """J's ops where the block takes J, else none: part of every key a block's solutions are shared by."""
+    return block.join.ops if with_join and block.join is not None else ()
+
+
 def _without(full: int, *positions: int | None) -> int:
     for pos in positions:
         if pos is not None:
@@ -373,7 +378,7 @@ class ForkJoinSolver:
         options = tuple(None if shape.fork is None or shape.fork.chain is None
                         else self._fork_options(shape.fork.chain, shape.fork_last)
                         for _, shape in self.shapes.plain(block, with_join))
-        join_ops = block.join.ops if with_join and block.join is not None else ()
+        join_ops = _join_ops(block, with_join)
         return block.pinfo.index, join_ops, with_join, k_after, options
 
     def fork_floor(self, solver: ChainSolver, block: Block, shortest: Block, with_join: bool,
@@ -391,7 +396,7 @@ class ForkJoinSolver:
         k_after: one solve for every fork run into the block."""
         if block.fork is None or _has_merges(block, with_join):
             return None
-        join_ops = block.join.ops if with_join and block.join is not None else ()
+        join_ops = _join_ops(block, with_join)
         key = (block.pinfo.index, join_ops, with_join, k_after)
         hit = self.fork_floor_memo.get(key)
         if hit is None:
@@ -416,7 +421,7 @@ class ForkJoinSolver:
         psol = solver.par(block.pinfo, k_side)
         vec: list[int] = [BIG] * (max_v + 1)
         chosen: list[LayoutChoice | None] = [None] * (max_v + 1)
-        join_ops = block.join.ops if with_join and block.join is not None else ()
+        join_ops = _join_ops(block, with_join)
         for layout, shape in self.shapes.plain(block, with_join):
             shared = (block.pinfo.index, join_ops, k_after, layout.rf, layout.rj)
             self._place(solver, layout, shape, psol, (k_after, k_side), vec, chosen, shared, loose)

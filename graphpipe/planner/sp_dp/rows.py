@@ -37,6 +37,7 @@ from graphpipe.planner.sp_dp.need import (
     ChainChoice,
     ItemKind,
     LayoutChoice,
+    drops,
     feasible_breakpoints_of_rows,
     settle,
     write_segments,
@@ -76,26 +77,15 @@ class ListRow:
         its choices: at every cell it is no better than what the cell holds, or above what a smaller v already
         holds (which `settle` keeps instead, then as later candidates only lower cells).
 
-        With `changes`, the cells where the floor changes value (`need.drops`), it is read per run of cells where
-        it is constant (one or two above k_after, on CLIP's towers): in a run, a cell can be bettered only while
-        the cells below it hold no less than the run's cost, a prefix of the run that usually ends at its first
-        cell; else cell by cell."""
+        Read per run of cells where the floor is constant (`changes`: where it changes value, `need.drops`, found
+        here when not given; one or two runs above k_after on CLIP's towers): in a run, a cell can be bettered only
+        while the cells below it hold no less than the run's cost, a prefix of the run that usually ends at its
+        first cell."""
         row, first = self.row, k_after + 1
-        if changes is not None:
-            return self._overridden_by_runs(first, devices, floor, changes)
-        least = min(row[:first])
-        for here, now in zip(floor[first:], row[first:]):
-            cost = here + devices
-            if cost < now and cost <= least:
-                return False
-            if now < least:
-                least = now
-        return True
-
-    def _overridden_by_runs(self, first: int, devices: int, floor: Vector, changes: list[int]) -> bool:
-        row = self.row
         if first >= len(row):
             return True
+        if changes is None:
+            changes = drops(list(floor))
         bounds = [first, *changes[bisect_right(changes, first):], len(row)]
         for start, stop in pairwise(bounds):
             cost = floor[start] + devices

@@ -83,7 +83,7 @@ def _written_rows(rng: np.random.Generator, cells: int, num_devices: int) -> tup
 @settings(max_examples=400)
 @given(seed=st.integers(0, 2**32 - 1), cells=st.sampled_from([2, 3, 5, 9, 17, 40]), num_devices=st.integers(1, 24))
 def test_a_candidate_the_row_overrides_changes_nothing(seed: int, cells: int, num_devices: int) -> None:
-    """Both forms agree on `overridden` (the lists cell by cell and per run of the floor); where it holds, a
+    """Both forms agree on `overridden` (the lists with the floor's changes found and given); where it holds, a
     vector at or above the floor written there, before or after other candidates, leaves the settled row, every
     choice and the breakpoints as they are without it."""
     rng = np.random.default_rng(seed)

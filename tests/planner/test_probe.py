@@ -10,12 +10,14 @@ import math
 from functools import partial
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
 from graphpipe.cost.analytic import analytic_costs
 from graphpipe.cost.presets import cluster_preset
 from graphpipe.planner.api import make_request
+from graphpipe.planner.request import PlanRequest
 from graphpipe.planner.sp_dp import Probe, Search, build_tables, partition_sp, probe
 from graphpipe.planner.sp_dp.need import ChainSol
 from graphpipe.planner.sp_dp.size_tables import SegmentOffers
@@ -136,8 +138,9 @@ def _window_offers(search: Search, info: ChainInfo, target_ms: float) -> Segment
 class _Alone(Probe):
     """A probe that solves every chain from its end, never taking rows from the same chain solved to another end."""
 
-    def _solve_chain(self, info: ChainInfo, k_after: int, end: int, other: ChainSol | None = None) -> ChainSol:
-        return super()._solve_chain(info, k_after, end)
+    def _solve_chain(self, info: ChainInfo, k_after: int, end: int, other: ChainSol | None = None,
+                     loose: np.ndarray | None = None) -> ChainSol:
+        return super()._solve_chain(info, k_after, end, None, loose)
 
 
 class _Counting(Probe):
@@ -145,8 +148,9 @@ class _Counting(Probe):
 
     taken = 0
 
-    def _solve_chain(self, info: ChainInfo, k_after: int, end: int, other: ChainSol | None = None) -> ChainSol:
-        sol = super()._solve_chain(info, k_after, end, other)
+    def _solve_chain(self, info: ChainInfo, k_after: int, end: int, other: ChainSol | None = None,
+                     loose: np.ndarray | None = None) -> ChainSol:
+        sol = super()._solve_chain(info, k_after, end, other, loose)
         if other is not None and end > 0 and sol.choice[0] is other.choice[0]:
             _Counting.taken += 1
         return sol
@@ -188,3 +192,97 @@ def test_a_merge_stage_takes_its_lanes_rows_from_another_tail() -> None:
     _Counting.taken = 0
     _same_rows(search)
     assert _Counting.taken > 0
+
+
+def _cut_floors_checked(search: Search, targets: tuple[float, ...]) -> tuple[int, int]:
+    """Every chain's cut floor (`Probe.cut_floor`) at a few in-flight counts, every end and each target, against the
+    need of the prefix it floors, cell by cell: (floors checked, floors within the devices at some cell)."""
+    checked = feasible = 0
+    max_v, num_devices = search.tables.max_v, search.tables.num_devices
+    for target in targets:
+        found = Probe(search, target)
+        for info in search.chains:
+            for k_after in sorted({0, 1, 2, max_v // 2}):
+                for end in range(1, info.num_items + 1):  # each end solved first: a cut is read once two are
+                    need = found.chain(info, k_after, end).need[0]
+                    floor = found.cut_floor(info, k_after, end)
+                    if floor is None:
+                        continue
+                    assert all(low <= high for low, high in zip(floor, need)), (target, k_after, end)
+                    checked += 1
+                    feasible += min(floor) <= num_devices
+    return checked, feasible
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=cases(shapes=("nested",)))
+def test_a_cut_floor_is_below_the_need_of_every_prefix_it_floors(case: Case) -> None:
+    """On random graphs whose branches hold blocks, with and without a binding memory limit, at targets from none to
+    below the optimum: a chain's prefix cut where no join run spans it, its last stage judged without its p2p
+    traffic, needs at most what every longer prefix up to the next cut needs, at every cell."""
+    for limit in (1e18, case.cluster.device.memory_bytes * 0.05):
+        search = _sp_search(case, limit)
+        if search.run() is not None:
+            _cut_floors_checked(search, (math.inf, search.hi, search.hi * 0.8))
+
+
+def test_clips_cut_floors_are_below_the_needs_they_floor() -> None:
+    """The same on Hugging Face CLIP's towers (2 layers, tiny) at op level on 32 devices, whose merge stage reads
+    them: every tower prefix between two attention blocks, at the optimum and around it, with and without a
+    binding memory limit. (A floor one device too high at every cell fails the random graphs' test above, as does a
+    cut inside a join run.)"""
+    graph = clip_towers_graph()
+    request = make_request(graph, analytic_costs(graph, "v100-16gb"), cluster_preset("summit", 32), 128)
+    chains, pars = build_tables(request.model, request.sp_tree)
+    checked = feasible = 0
+    for limit in (request.memory_limit, 2 * 2**30):
+        search = Search(request.model, request.sp_tree, 32, 8, limit, chains, pars)
+        assert search.run() is not None
+        counts = _cut_floors_checked(search, (search.hi * 1.05, search.hi, search.hi * 0.9))
+        checked, feasible = checked + counts[0], feasible + counts[1]
+    assert checked > 100 and feasible > 100, (checked, feasible)
+
+
+def _every_plan(request: PlanRequest) -> dict[int, list[list[StageSpec]]]:
+    return partition_sp(request.model, request.sp_tree, request.num_devices, request.micro_batch_sizes,
+                        request.memory_limit, every_size=True)
+
+
+def _same_plans_without_cut_floors(request: PlanRequest) -> int:
+    """The plans with and without the merge stages' cut floors (`Probe.cut_floor`); the floors read."""
+    read = 0
+    cut_floor = Probe.cut_floor
+
+    def counted(self: Probe, info: ChainInfo, k_after: int, end: int) -> list[int] | None:
+        nonlocal read
+        found = cut_floor(self, info, k_after, end)
+        read += found is not None
+        return found
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Probe, "cut_floor", counted)
+        expected = _every_plan(request)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Probe, "cut_floor", lambda *args: None)
+        assert _every_plan(request) == expected
+    return read
+
+
+def test_cut_floors_change_no_plan() -> None:
+    """CLIP's towers (2 layers, tiny, 32 devices), with and without a binding memory limit: every plan the search
+    keeps is the same with the merge stages' lanes tested against their cut floors before they are solved, and
+    without; the floors are read."""
+    graph = clip_towers_graph()
+    costs, cluster = analytic_costs(graph, "v100-16gb"), cluster_preset("summit", 32)
+    read = sum(_same_plans_without_cut_floors(make_request(graph, costs, cluster, 128, micro_batch_sizes=[8, 32],
+                                                           memory_limit=limit)) for limit in (None, 2 * 2**30))
+    assert read > 0
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=cases(shapes=("nested",)))
+def test_cut_floors_change_no_plan_on_random_graphs(case: Case) -> None:
+    """The same on random graphs whose branches hold blocks, with and without a binding memory limit."""
+    for limit in (1e18, case.cluster.device.memory_bytes * 0.05):
+        _same_plans_without_cut_floors(make_request(case.graph, case.costs, case.cluster, case.global_batch_size,
+                                                    micro_batch_sizes=[case.micro_batch_size], memory_limit=limit))

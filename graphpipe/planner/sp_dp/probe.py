@@ -91,6 +91,20 @@ class _FloorRows:
     chosen: dict[int, list[ChainChoice | None]]
 
 
+def _with_last_stage(segments: tuple[list[int], list[int]] | None, d1: int, k_after: int, end: int, span: int,
+                     unit: int, cells: int) -> tuple[list[int], list[int]]:
+    """`segments` with the stage [start, end) on d1 devices as the candidate of cell k_after + 1 (the row `end` needs
+    nothing from k_after on), as a cell key (`SegmentOffers`)."""
+    best, written = segments if segments is not None else ([NO_KEY] * cells, [])
+    if k_after < cells - 1:
+        key = d1 * unit + d1 * span + end
+        if key < best[k_after]:
+            if best[k_after] == NO_KEY:
+                written = [*written, k_after]
+            best[k_after] = key
+    return best, written
+
+
 class ProbeHost(Protocol):
     """What a probe reads of its search (`search.Search`): the size's tables and merge stages, the tree's root
     chain, the fork/join shapes shared by the sizes, and the segment offers for a target."""
@@ -118,6 +132,7 @@ class Probe:
         self.floor_rows_memo: dict[tuple[int, int, int, int], _FloorRows] = {}  # (chain's content, k_after, end, v)
         self.ends_memo: dict[tuple[int, int], list[int]] = {}  # (chain's content, k_after): the ends solved
         self.reach_memo: dict[int, list[int]] = {}  # chain's content: `_reach`
+        self.cut_memo: dict[tuple[int, int, int], list[int]] = {}  # (chain's content, k_after, cut): `cut_floor`
         self.blocks = ForkJoinSolver(self.tables, target_ms, host.shapes, host.merges)
 
     @property
@@ -165,12 +180,41 @@ class Probe:
             need = self.entry_memo[key] = row.tolist()
         return need
 
+    def cut_floor(self, info: ChainInfo, k_after: int, end: int) -> list[int] | None:
+        """A floor of `entry_need(info, k_after, end)` from a shorter prefix, None where the chain has no cut before
+        `end` (`ChainInfo.cut_at`).
+
+        Cut a staging of [0, end) at a position c <= end that no join run spans: the stages before c stay as they
+        are, the one across c keeps its items before c, the rest go. Every block stays whole or goes, so this is a
+        staging of [0, c) that the DP can express, each stage holding what it held (the rest after each is smaller,
+        and a need vector never rises with the cell) on at most the devices it had. The cut stage's compute,
+        weights, activations and the tensors it receives are at most the whole stage's; only what it sends may
+        grow (a tensor to the items it lost now leaves it). So [0, c) solved with its last stage judged without what
+        it sends (`SizeTables.loose_last`) needs at most what [0, end) needs at every cell. Memoised per cut: one
+        solve floors every end up to the next cut (on CLIP's towers at op level, a transformer layer's ops)."""
+        cut = info.cut_at(end)
+        if cut == end or cut == 0:
+            return None
+        key = (info.content, k_after, cut)
+        hit = self.cut_memo.get(key)
+        if hit is None:
+            ends = self.ends_memo.get((info.content, k_after), [])
+            if not any(solved != end and info.cut_at(solved) == cut for solved in ends):
+                return None  # the first prefix up to the next cut: the cut's solve would cost about what it saves
+            loose = self.tables.loose_last(info, cut, self.target, k_after + 1)
+            other = min(ends, key=lambda solved: abs(solved - cut), default=None)
+            sol = self._solve_chain(info, k_after, cut, None if other is None else
+                                    self.chain_memo[(info.content, k_after, other)], loose)
+            hit = self.cut_memo[key] = sol.need[0]
+        return hit
+
     def _floors(self, info: ChainInfo) -> np.ndarray | None:
         """The chain's prefix floors where they are its needs (`ForkJoinSolver.free_floors`) and it has at least
         FLOOR_ITEMS items, else None."""
         return None if info.num_items < FLOOR_ITEMS else self.blocks.free_floors(info)
 
-    def _solve_chain(self, info: ChainInfo, k_after: int, end: int, other: ChainSol | None = None) -> ChainSol:
+    def _solve_chain(self, info: ChainInfo, k_after: int, end: int, other: ChainSol | None = None,
+                     loose: np.ndarray | None = None) -> ChainSol:
         """Suffix need vectors from `end` back to item 0. Rows past `end` stay infeasible, so no segment,
         block or parallel item reaches beyond it (a prefix of a chain reuses the chain's tables); they are
         only read, so they share one row (a merge stage's prefixes solve many short ends of a long chain),
@@ -181,7 +225,11 @@ class Probe:
         tower cut at one tail after another). A row is computed from the rows it reads only (`_reach`); so
         once every row that the rows below `start` read is the same in both, all the rows below are `other`'s,
         which are taken as they are (on CLIP's towers, most prefixes of one tower meet the last one's rows a
-        few dozen items before their ends)."""
+        few dozen items before their ends).
+
+        `loose` (`cut_floor`): per start, the fewest degree of a last stage [start, end) judged without the tensors
+        it sends (`SizeTables.loose_last`), a candidate of the start's row; rows from the first such start on are
+        not `other`'s."""
         t = self.tables
         num_items, max_v, num_devices = info.num_items, t.max_v, t.num_devices
         cells = max_v + 1
@@ -197,12 +245,16 @@ class Probe:
         span, unit = offers.span, offers.unit
         reach = self._reach(info, offers) if other is not None else []
         differs = end  # the lowest row solved so far that is not `other`'s (row `end` is not: it ends this chain)
+        first_loose = np.flatnonzero(loose < BIG) if loose is not None else np.zeros(0, dtype=np.int64)
+        own = int(first_loose[0]) if first_loose.size else end  # rows from here on hold a loose last stage
         for start in range(end - 1, -1, -1):
-            if other is not None and reach[start] < differs:  # every row that rows [0, start] read is the same
+            if other is not None and reach[start] < differs and start < own:  # rows [0, start] read the same rows
                 need[:start + 1], choice[:start + 1] = other.need[:start + 1], other.choice[:start + 1]
                 breaks[:start + 1] = other.breaks[:start + 1]
                 break
             segments = self._segment_keys(offers, start, breaks, fewest, cells)
+            if loose is not None and loose[start] < BIG:
+                segments = _with_last_stage(segments, int(loose[start]), k_after, end, span, unit, cells)
             written = None
             if info.next_parallel[start] < num_items:  # a parallel item at or after `start`: blocks may start here
                 written = row_for(cells, segments, span, unit)

@@ -399,6 +399,28 @@ class SizeTables:
         holds = meets[None] & (k_max[None] >= held[:, None, None, None])
         return fewest_degree(holds, self.degrees, axis=1)
 
+    def loose_last(self, info: ChainInfo, stop: int, target_ms: float, held: int) -> np.ndarray:
+        """Per start i < `stop`, the fewest degree on which segment [i, stop) is within the target counting only the
+        tensors it receives, not those it sends, and holds its weights and `held` micro-batches, BIG where none does:
+        the last stage of a cut prefix (`Probe.cut_floor`). The TPS's terms in the order it adds them, the p2p time
+        from the receiving side of the boundary (`ChainInfo.incoming`), so at most the TPS to the last bit."""
+        compute, _, k_max, fits = self._table(info)
+        fixed = self.constants[info.content]  # built with the table
+        messages, num_bytes = info.incoming(stop)
+        b = self.micro_batch_size
+        per_sample = np.empty((len(self.degrees), stop))
+        for pos, (row, d1) in enumerate(zip(per_sample, self.degrees)):
+            row[:] = p2p_ms_array(self.model.link, messages, num_bytes * (b / d1))
+            row /= b
+            row += compute[pos, :stop, stop]
+            reduce_ms = fixed.all_reduce(d1)
+            row += reduce_ms[:stop, stop] / self.global_batch_size if isinstance(reduce_ms, np.ndarray) else \
+                reduce_ms / self.global_batch_size
+        meets = per_sample <= target_ms
+        meets &= fits[:, :stop, stop]
+        meets &= k_max[:, :stop, stop] >= held
+        return fewest_degree(meets, self.degrees, axis=0)
+
     def fewest_free(self, info: ChainInfo, target_ms: float) -> np.ndarray | None:
         """The fewest degree of every segment at one micro-batch in flight (`fewest_degrees`), where it is also the
         fewest at every count the DP asks for (`max_v`), else None: then no stage's degree depends on its

@@ -17,6 +17,7 @@ fork and/or join run), which it creates when the DP first asks for them.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -87,14 +88,33 @@ class ChainInfo:
         self._rows: dict[int, _Row] = {}
         self._arrays: dict[float, tuple[np.ndarray, np.ndarray]] = {}
         self._matrix: tuple[np.ndarray, np.ndarray] | None = None
+        self._incoming: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.next_parallel = [self.num_items] * (self.num_items + 1)  # first parallel block at or after i
         for idx in range(self.num_items - 1, -1, -1):
             is_par = isinstance(chain.items[idx], SPParallel)
             self.next_parallel[idx] = idx if is_par else self.next_parallel[idx + 1]
         self.has_parallel = self.next_parallel[0] < self.num_items
+        self.cuts = self._cuts()
         self._blocks: dict[int, Block | None] = {}
         self.prefix_of: ChainInfo | None = None  # a chain whose items are this one's but the last (`extended`)
         self.param_array = np.array(prefix, dtype=float)
+
+    def _cuts(self) -> list[int]:
+        """The positions 0 .. num_items that no join run spans: a parallel item's join run is the items after it up
+        to the next one (`blocks.fork_join_items`), and a block's stages may hold items on both sides of a position
+        inside it."""
+        cuts, join_end = [], 0
+        for pos in range(self.num_items + 1):
+            if pos >= join_end:
+                cuts.append(pos)
+            if pos < self.num_items and self.next_parallel[pos] == pos:
+                join_end = self.next_parallel[pos + 1]
+        return cuts
+
+    def cut_at(self, end: int) -> int:
+        """The last position at or before `end` that no join run spans (`cuts`): cut there, a staging of the prefix
+        [0, end) keeps each of its blocks whole or loses it (`Probe.cut_floor`)."""
+        return self.cuts[bisect_right(self.cuts, end) - 1]
 
     def share_with(self, twin: ChainInfo) -> None:
         """Make this chain a twin of `twin` (`ChainTables.twin_of`): its tables, and the DP's rows (keyed by
@@ -181,6 +201,27 @@ class ChainInfo:
             messages[start, start:] = row.messages
             num_bytes[start, start:] = row.bytes_per_sample
         return messages, num_bytes
+
+    def incoming(self, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per start i < `stop`, (messages, bytes per sample) of the tensors that enter segment [i, stop): the
+        receiving side of its boundary (`boundary`), at most that of any longer segment [i, j) (a tensor entering
+        [i, stop) is made before i, so it enters [i, j) too). The bytes are scaled down by a hair: summed in another
+        order than the boundary's, they must not round above it. Memoised per stop."""
+        hit = self._incoming.get(stop)
+        if hit is None:
+            model = self.model
+            inside: set[str] = set()
+            recv: set[str] = set()
+            messages, num_bytes = np.zeros(stop), np.zeros(stop)
+            for start in range(stop - 1, -1, -1):
+                ops = self.item_ops[start]
+                inside.update(ops)
+                recv.difference_update(ops)
+                recv.update(pred for op in ops for pred in model.preds[op] if pred not in inside)
+                messages[start] = len(recv)
+                num_bytes[start] = sum(model.out_bytes_per_sample[pred] for pred in recv) * (1 - 1e-9)
+            hit = self._incoming[stop] = (messages, num_bytes)
+        return hit
 
     def prefix_arrays(self, per_device_batch: float) -> tuple[np.ndarray, np.ndarray]:
         hit = self._arrays.get(per_device_batch)

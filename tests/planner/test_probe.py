@@ -2,7 +2,7 @@
 depends on its in-flight count, solved otherwise, they are the chain DP's own need vectors; the stages rebuilt from
 its suffix floors there (`Probe._emit_from_floors`) are the DP's own choices; and the plans are the same whichever
 way they are read. A chain's rows taken from the same chain solved to another end (`Probe._solve_chain`) are the
-rows it would solve."""
+rows it would solve. A prefix's cut floor (`Probe.cut_floor`) is below its need, and reading it changes no plan."""
 
 from __future__ import annotations
 
@@ -218,8 +218,8 @@ def _cut_floors_checked(search: Search, targets: tuple[float, ...]) -> tuple[int
 @given(case=cases(shapes=("nested",)))
 def test_a_cut_floor_is_below_the_need_of_every_prefix_it_floors(case: Case) -> None:
     """On random graphs whose branches hold blocks, with and without a binding memory limit, at targets from none to
-    below the optimum: a chain's prefix cut where no join run spans it, its last stage judged without its p2p
-    traffic, needs at most what every longer prefix up to the next cut needs, at every cell."""
+    below the optimum: a chain's prefix cut where no join run spans it, its last stage judged without the tensors it
+    sends, needs at most what every longer prefix up to the next cut needs, at every cell."""
     for limit in (1e18, case.cluster.device.memory_bytes * 0.05):
         search = _sp_search(case, limit)
         if search.run() is not None:
@@ -229,8 +229,7 @@ def test_a_cut_floor_is_below_the_need_of_every_prefix_it_floors(case: Case) -> 
 def test_clips_cut_floors_are_below_the_needs_they_floor() -> None:
     """The same on Hugging Face CLIP's towers (2 layers, tiny) at op level on 32 devices, whose merge stage reads
     them: every tower prefix between two attention blocks, at the optimum and around it, with and without a
-    binding memory limit. (A floor one device too high at every cell fails the random graphs' test above, as does a
-    cut inside a join run.)"""
+    binding memory limit. (A floor one device too high at every cell fails the random graphs' test above.)"""
     graph = clip_towers_graph()
     request = make_request(graph, analytic_costs(graph, "v100-16gb"), cluster_preset("summit", 32), 128)
     chains, pars = build_tables(request.model, request.sp_tree)

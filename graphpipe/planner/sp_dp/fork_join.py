@@ -462,7 +462,7 @@ class ForkJoinSolver:
         and the floors of the others still better a cell of the vector. Before the first solve, each unknown lane's
         floor is raised to its cut floor (`Probe.cut_floor`: a shorter prefix, solved once for every tail up to the
         next cut), which counts the in-flight micro-batches the prefix floors leave out; on CLIP's towers at op level
-        that takes a probe's lane solves from about 60 to about 33 (64 devices, micro-batch 128). The side only grows
+        that takes a probe's lane solves from 60 to 34 (64 devices, micro-batch 128). The side only grows
         as floors turn into needs, so a layout stopped there would have written nothing."""
         assert layout.merge is not None and shape.fork is None
         side = psol.need[shape.others]

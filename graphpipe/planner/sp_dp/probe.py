@@ -97,7 +97,7 @@ def _with_last_stage(segments: tuple[list[int], list[int]] | None, d1: int, k_af
     nothing from k_after on), as a cell key (`SegmentOffers`)."""
     best, written = segments if segments is not None else ([NO_KEY] * cells, [])
     if k_after < cells - 1:
-        key = d1 * unit + d1 * span + end
+        key = d1 * (unit + span) + end  # the rest after it needs no devices
         if key < best[k_after]:
             if best[k_after] == NO_KEY:
                 written = [*written, k_after]

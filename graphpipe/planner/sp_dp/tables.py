@@ -20,6 +20,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -94,15 +95,15 @@ class ChainInfo:
             is_par = isinstance(chain.items[idx], SPParallel)
             self.next_parallel[idx] = idx if is_par else self.next_parallel[idx + 1]
         self.has_parallel = self.next_parallel[0] < self.num_items
-        self.cuts = self._cuts()
         self._blocks: dict[int, Block | None] = {}
         self.prefix_of: ChainInfo | None = None  # a chain whose items are this one's but the last (`extended`)
         self.param_array = np.array(prefix, dtype=float)
 
-    def _cuts(self) -> list[int]:
+    @cached_property
+    def cuts(self) -> list[int]:
         """The positions 0 .. num_items that no join run spans: a parallel item's join run is the items after it up
         to the next one (`blocks.fork_join_items`), and a block's stages may hold items on both sides of a position
-        inside it."""
+        inside it. Built when a merge stage's lane first asks (`cut_at`)."""
         cuts, join_end = [], 0
         for pos in range(self.num_items + 1):
             if pos >= join_end:

@@ -33,6 +33,7 @@ validator (`graphpipe.schedule.validate`) enforces all of this.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -259,9 +260,9 @@ class Action:
         return cls(stage=stage, kind=_BY_CODE[match[8]], micro_batch=int(match[9]), peer=int(match[10]))
 
 
-def F(stage: int, micro_batch: int) -> Action:  # noqa: N802 - reads like the text form
-    return Action(stage=stage, kind=ActionKind.FORWARD, micro_batch=micro_batch)
+Step = tuple[ActionKind, int]  # one compute of a stage's order: (FORWARD or BACKWARD, micro-batch)
 
 
-def B(stage: int, micro_batch: int) -> Action:  # noqa: N802
-    return Action(stage=stage, kind=ActionKind.BACKWARD, micro_batch=micro_batch)
+def actions_of(stage: int, steps: Iterable[Step]) -> tuple[Action, ...]:
+    """The stage's compute actions for its order's steps (`generate.compute_orders`)."""
+    return tuple(Action(stage=stage, kind=kind, micro_batch=micro_batch) for kind, micro_batch in steps)

@@ -13,15 +13,16 @@ Every stage keeps all of its micro-batches in flight, so memory grows with their
 
 from __future__ import annotations
 
-from graphpipe.schedule.action import Action, B, F
+from graphpipe.schedule.action import ActionKind, Step
 from graphpipe.stages.stage_graph import Plan
 
 
-def gpipe_order(stage: int, num_micro_batches: int) -> tuple[Action, ...]:
-    return tuple(F(stage, m) for m in range(num_micro_batches)) + tuple(
-        B(stage, m) for m in range(num_micro_batches))
+def gpipe_steps(num_micro_batches: int) -> list[Step]:
+    """Every forward, then every backward, in micro-batch order."""
+    return [(ActionKind.FORWARD, m) for m in range(num_micro_batches)] + [
+        (ActionKind.BACKWARD, m) for m in range(num_micro_batches)]
 
 
-def gpipe_compute(plan: Plan) -> dict[int, tuple[Action, ...]]:
+def gpipe_compute(plan: Plan) -> dict[int, list[Step]]:
     """Each stage's computes in GPipe order (before `lower_comm`)."""
-    return {s.idx: gpipe_order(s.idx, plan.num_micro_batches(s.idx)) for s in plan.stages}
+    return {s.idx: gpipe_steps(plan.num_micro_batches(s.idx)) for s in plan.stages}

@@ -16,8 +16,8 @@ sizes everywhere kFkB is 1F1B.
 
 from __future__ import annotations
 
-from graphpipe.schedule.action import Action
-from graphpipe.schedule.one_f_one_b import compute_order
+from graphpipe.schedule.action import Step
+from graphpipe.schedule.one_f_one_b import order_steps
 from graphpipe.schedule.warmup import warmup_counts
 from graphpipe.stages.stage_graph import Plan
 
@@ -33,8 +33,8 @@ def group_size(plan: Plan, stage_idx: int) -> int:
     return ratios.pop() if len(ratios) == 1 else 1
 
 
-def kfkb_compute(plan: Plan) -> dict[int, tuple[Action, ...]]:
+def kfkb_compute(plan: Plan) -> dict[int, list[Step]]:
     """Each stage's computes in kFkB order (before `lower_comm`)."""
     warmups = warmup_counts(plan)
-    return {s.idx: compute_order(s.idx, plan.num_micro_batches(s.idx), warmups[s.idx], group_size(plan, s.idx))
+    return {s.idx: order_steps(plan.num_micro_batches(s.idx), warmups[s.idx], group_size(plan, s.idx))
             for s in plan.stages}

@@ -19,28 +19,30 @@ With per-stage micro-batch sizes the same order runs on each stage in its own nu
 
 from __future__ import annotations
 
-from graphpipe.schedule.action import Action, B, F
+from graphpipe.schedule.action import ActionKind, Step
 from graphpipe.schedule.warmup import warmup_counts
 from graphpipe.stages.stage_graph import Plan
 
+FORWARD, BACKWARD = ActionKind.FORWARD, ActionKind.BACKWARD
 
-def compute_order(stage: int, num_micro_batches: int, warmup: int, group: int = 1) -> tuple[Action, ...]:
+
+def order_steps(num_micro_batches: int, warmup: int, group: int = 1) -> list[Step]:
     """`warmup` forwards, then `group` backwards and `group` forwards at a time, then the remaining backwards."""
-    order = [F(stage, m) for m in range(warmup)]
+    steps: list[Step] = [(FORWARD, m) for m in range(warmup)]
     next_fwd, next_bwd = warmup, 0
     while next_bwd < num_micro_batches:
         for _ in range(group):
             if next_bwd < next_fwd:
-                order.append(B(stage, next_bwd))
+                steps.append((BACKWARD, next_bwd))
                 next_bwd += 1
         for _ in range(group):
             if next_fwd < num_micro_batches:
-                order.append(F(stage, next_fwd))
+                steps.append((FORWARD, next_fwd))
                 next_fwd += 1
-    return tuple(order)
+    return steps
 
 
-def one_f_one_b_compute(plan: Plan) -> dict[int, tuple[Action, ...]]:
+def one_f_one_b_compute(plan: Plan) -> dict[int, list[Step]]:
     """Each stage's computes in 1F1B order (before `lower_comm`)."""
     warmups = warmup_counts(plan)
-    return {s.idx: compute_order(s.idx, plan.num_micro_batches(s.idx), warmups[s.idx]) for s in plan.stages}
+    return {s.idx: order_steps(plan.num_micro_batches(s.idx), warmups[s.idx]) for s in plan.stages}

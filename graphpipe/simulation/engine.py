@@ -31,7 +31,7 @@ from itertools import accumulate
 
 from graphpipe.cost.cluster import Cluster
 from graphpipe.errors import ScheduleError
-from graphpipe.schedule.action import Action, ActionKind
+from graphpipe.schedule.action import Action, ActionKind, Step
 from graphpipe.schedule.grid import format_grid
 from graphpipe.schedule.lower_comm import CLOSING_KINDS, comm_around
 from graphpipe.schedule.messages import message_samples
@@ -72,15 +72,15 @@ def run_schedule(plan: Plan, schedule: Schedule, costs: Mapping[int, StageCost],
                cause=engine.cause, end_ms=engine.end_ms)
 
 
-def iteration_ms(plan: Plan, compute: Mapping[int, Sequence[Action]], costs: Mapping[int, StageCost], cluster: Cluster,
+def iteration_ms(plan: Plan, compute: Mapping[int, Sequence[Step]], costs: Mapping[int, StageCost], cluster: Cluster,
                  beat_ms: float = math.inf, drain_ms: Mapping[int, float] | None = None) -> float | None:
     """`run_schedule`'s iteration (the last action's end) for the schedule that lowers `compute` (each stage's
-    compute order: `graphpipe.schedule.generate.compute_orders`), or None as soon as it is certain to end
+    compute order as steps: `graphpipe.schedule.generate.compute_steps`), or None as soon as it is certain to end
     after `beat_ms`. Nothing is recorded, and the lowered lists are compiled without an `Action` per
-    message (see the module docstring). `drain_ms`: per stage, a least time from the end of its last
+    compute or message (see the module docstring). `drain_ms`: per stage, a least time from the end of its last
     backward to the end of the iteration (its all-reduce and step included), for an earlier stop."""
-    compiled = {stage: _compile_compute(plan, stage, actions, costs[stage], cluster)
-                for stage, actions in compute.items()}
+    compiled = {stage: _compile_compute(plan, stage, steps, costs[stage], cluster)
+                for stage, steps in compute.items()}
     engine = _Engine(plan, compiled, _cores(plan, cluster), record=False, beat_ms=beat_ms, drain_ms=drain_ms)
     try:
         stuck = engine.run()
@@ -143,6 +143,8 @@ class _Engine:
 
     def _advance(self, stage: int, limit: int | None = None) -> bool:
         """Run `stage`'s actions (at most `limit`) until it finishes or blocks on a receive; True if any ran."""
+        if not self.record and self.cores is None:
+            return self._advance_clock(stage)
         ops, pos, clock = self.compiled[stage], self.pos[stage], self.clock[stage]
         ranks = self.plan.stages[stage].ranks
         start_pos, record = pos, self.record
@@ -177,6 +179,35 @@ class _Engine:
                                              end_ms=end, micro_batch=micro_batch))
                 self.cause[(stage, pos)], self.end_ms[(stage, pos)] = cause, end
             clock = end
+            pos += 1
+        self.pos[stage], self.clock[stage] = pos, clock
+        if self.ahead_ms and clock + self.ahead_ms[stage][pos] > self.beat_ms:
+            raise _BeatenError
+        return pos > start_pos
+
+    def _advance_clock(self, stage: int) -> bool:
+        """`_advance` where nothing is recorded and no core is shared (a ranking's simulation): the same clocks,
+        arrivals and stop, without the events, causes and core waits, in one loop over the stage's tuples."""
+        ops, pos, clock = self.compiled[stage], self.pos[stage], self.clock[stage]
+        arrivals, channel_free = self.arrivals, self.channel_free
+        start_pos, stop = pos, len(ops)
+        while pos < stop:
+            code, duration, key, _, _, _ = ops[pos]
+            if code == _RUN:
+                clock = clock + duration
+            elif code == _RECV:
+                assert key is not None
+                got = arrivals.get(key)
+                if got is None:
+                    break
+                if got[0] > clock:
+                    clock = got[0]
+            else:  # a send: its transfer starts once the channel is free (`_post`)
+                assert key is not None
+                channel = (key[0], key[1], key[2])
+                start = max(clock, channel_free.get(channel, 0.0))
+                channel_free[channel] = start + duration
+                arrivals[key] = (start + duration, (stage, pos))
             pos += 1
         self.pos[stage], self.clock[stage] = pos, clock
         if self.ahead_ms and clock + self.ahead_ms[stage][pos] > self.beat_ms:
@@ -228,28 +259,29 @@ def _compile(plan: Plan, stage: int, actions: tuple[Action, ...], cost: StageCos
     return ops
 
 
-def _compile_compute(plan: Plan, stage: int, compute: Sequence[Action], cost: StageCost, cluster: Cluster) -> list[Op]:
-    """`_compile` of the stage's lowered list (`lower_comm`), built from its compute order with the lowering's own
-    rules (`comm_around`) but no `Action` per message: the ranking's simulations lower thousands of messages."""
+def _compile_compute(plan: Plan, stage: int, compute: Sequence[Step], cost: StageCost, cluster: Cluster) -> list[Op]:
+    """`_compile` of the stage's lowered list (`lower_comm`), built from its compute order's steps with the
+    lowering's own rules (`comm_around`) but no `Action` per compute or message: the ranking's simulations lower
+    thousands of each."""
     fixed = _stream_kinds(plan, stage, cost, cluster)
-    around = comm_around(plan, stage)
-    transfers = _Transfers(plan, cluster)
+    around = {kind: ([(peer, _DIRECTION[recv], per_micro) for recv, peer, per_micro in before],
+                     [(peer, _DIRECTION[send], per_micro) for send, peer, per_micro in after])
+              for kind, (before, after) in comm_around(plan, stage).items()}
+    transfer_ms = _Transfers(plan, cluster).ms
     ops: list[Op] = []
     append = ops.append
-    for action in compute:
-        kind, number = action.kind, action.micro_batch
+    for kind, number in compute:
         before, after = around[kind]
-        for recv, peer, per_micro in before:
-            direction = _DIRECTION[recv]
-            ops += [(_RECV, 0.0, (peer, stage, direction, n), None, "recv", n)
-                    for n in range(number * per_micro, (number + 1) * per_micro)]
-        duration, event_kind = fixed[kind] if kind in fixed else _stream_cost(fixed, stage, action)
-        append((_RUN, duration, None, action, event_kind, number))
-        for send, peer, per_micro in after:
-            direction = _DIRECTION[send]
+        for peer, direction, per_micro in before:
+            for n in range(number * per_micro, (number + 1) * per_micro):
+                append((_RECV, 0.0, (peer, stage, direction, n), None, "recv", n))
+        duration, event_kind = fixed[kind] if kind in fixed else _stream_cost(
+            fixed, stage, Action(stage=stage, kind=kind, micro_batch=number))
+        append((_RUN, duration, None, None, event_kind, number))
+        for peer, direction, per_micro in after:
             for n in range(number * per_micro, (number + 1) * per_micro):
                 key = (stage, peer, direction, n)
-                append((_SEND, transfers.ms(key), key, None, "send", n))
+                append((_SEND, transfer_ms(key), key, None, "send", n))
     for kind in CLOSING_KINDS:
         duration, event_kind = _stream_cost(fixed, stage, Action(stage=stage, kind=kind))
         append((_RUN, duration, None, None, event_kind, -1))

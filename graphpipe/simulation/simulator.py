@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from graphpipe.cost.cluster import Cluster
 from graphpipe.cost.cost_table import CostTable
 from graphpipe.errors import ClusterError
-from graphpipe.schedule.generate import compute_orders, make_schedule
+from graphpipe.schedule.generate import compute_steps, make_schedule
 from graphpipe.schedule.schedule import Schedule
 from graphpipe.schedule.validate import validate_schedule
 from graphpipe.simulation.comm_model import message_ms, optimizer_step_ms, plan_stage_all_reduce_ms
@@ -77,7 +77,7 @@ def iteration_time_s(plan: Plan, costs: CostTable, cluster: Cluster | None = Non
         bounds = plan_bounds(plan, costs, cluster) if bounds is None else bounds
         per_stage, drain = bounds.per_stage, bounds.drain_ms
     with _collector_paused():
-        ms = iteration_ms(plan, compute_orders(plan, schedule), per_stage, cluster, beat_s * 1e3, drain)
+        ms = iteration_ms(plan, compute_steps(plan, schedule), per_stage, cluster, beat_s * 1e3, drain)
     return None if ms is None else ms / 1e3
 
 

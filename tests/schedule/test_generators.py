@@ -12,7 +12,7 @@ from graphpipe.schedule.action import ActionKind
 from graphpipe.schedule.generate import make_schedule
 from graphpipe.schedule.grid import format_grid
 from graphpipe.schedule.kfkb import group_size
-from graphpipe.schedule.one_f_one_b import compute_order
+from graphpipe.schedule.one_f_one_b import order_steps
 from graphpipe.schedule.warmup import in_flight_rule, warmup_counts
 from tests.schedule.docstring_tables import docstring_table
 from tests.simulation.factories import chain, diamond, fan, make_plan
@@ -50,13 +50,13 @@ def test_warmup_never_exceeds_the_micro_batch_count() -> None:
 
 @pytest.mark.parametrize(("num_micro_batches", "warmup", "group"), [(1, 1, 1), (5, 3, 1), (8, 4, 2), (6, 6, 3)])
 def test_compute_order_runs_each_micro_batch_once_in_order(num_micro_batches: int, warmup: int, group: int) -> None:
-    order = compute_order(0, num_micro_batches, warmup, group)
-    fwd = [a.micro_batch for a in order if a.kind is ActionKind.FORWARD]
-    bwd = [a.micro_batch for a in order if a.kind is ActionKind.BACKWARD]
+    order = order_steps(num_micro_batches, warmup, group)
+    fwd = [m for kind, m in order if kind is ActionKind.FORWARD]
+    bwd = [m for kind, m in order if kind is ActionKind.BACKWARD]
     assert fwd == bwd == list(range(num_micro_batches))
     live = peak = 0
-    for action in order:
-        live += 1 if action.kind is ActionKind.FORWARD else -1
+    for kind, _ in order:
+        live += 1 if kind is ActionKind.FORWARD else -1
         peak = max(peak, live)
         assert live >= 0
     assert peak == warmup

@@ -7,7 +7,7 @@ import pytest
 
 from graphpipe.errors import ScheduleError
 from graphpipe.schedule.action import ActionKind
-from graphpipe.schedule.generate import compute_orders
+from graphpipe.schedule.generate import compute_steps
 from graphpipe.schedule.messages import message_samples
 from graphpipe.simulation import engine
 from graphpipe.simulation.comm_model import message_ms
@@ -43,8 +43,8 @@ def test_a_message_takes_what_its_pieces_take_whatever_its_position() -> None:
     cluster = make_cluster(plan.num_devices, latency_us=5.0)
     per_stage = stage_costs(plan, make_costs(plan), cluster.device)
     checked = 0
-    for stage, actions in compute_orders(plan, "1f1b").items():
-        for code, duration, key, *_ in engine._compile_compute(plan, stage, actions, per_stage[stage], cluster):
+    for stage, steps in compute_steps(plan, "1f1b").items():
+        for code, duration, key, *_ in engine._compile_compute(plan, stage, steps, per_stage[stage], cluster):
             if code != engine._SEND:
                 continue
             assert key is not None
@@ -75,8 +75,8 @@ def test_the_drain_stops_a_beaten_simulation_sooner() -> None:
     cluster = make_cluster(plan.num_devices)
     costs = make_costs(plan, fwd_ms=[1.0 + 0.5 * s.idx for s in plan.stages], bwd_ms=2.0)
     bounds = plan_bounds(plan, costs, cluster)
-    compiled = {stage: engine._compile_compute(plan, stage, actions, bounds.per_stage[stage], cluster)
-                for stage, actions in compute_orders(plan, "1f1b").items()}
+    compiled = {stage: engine._compile_compute(plan, stage, steps, bounds.per_stage[stage], cluster)
+                for stage, steps in compute_steps(plan, "1f1b").items()}
     full = simulate(plan, costs, cluster).iteration_time_s * 1e3
 
     def actions_run(beat_ms: float, drain: dict[int, float] | None) -> int:

@@ -187,7 +187,8 @@ class _Engine:
 
     def _advance_clock(self, stage: int) -> bool:
         """`_advance` where nothing is recorded and no core is shared (a ranking's simulation): the same clocks,
-        arrivals and stop, without the events, causes and core waits, in one loop over the stage's tuples."""
+        arrivals and stop, without the events, causes and core waits, in one loop over the stage's tuples
+        (`tests/simulation/test_iteration_time.py` holds its iteration equal to the recording path's)."""
         ops, pos, clock = self.compiled[stage], self.pos[stage], self.clock[stage]
         arrivals, channel_free = self.arrivals, self.channel_free
         start_pos, stop = pos, len(ops)

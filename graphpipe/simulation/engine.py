@@ -190,7 +190,7 @@ class _Engine:
         arrivals and stop, without the events, causes and core waits, in one loop over the stage's tuples
         (`tests/simulation/test_iteration_time.py` holds its iteration equal to the recording path's)."""
         ops, pos, clock = self.compiled[stage], self.pos[stage], self.clock[stage]
-        arrivals, channel_free = self.arrivals, self.channel_free
+        arrivals, post = self.arrivals, self._post
         start_pos, stop = pos, len(ops)
         while pos < stop:
             code, duration, key, _, _, _ = ops[pos]
@@ -203,12 +203,9 @@ class _Engine:
                     break
                 if got[0] > clock:
                     clock = got[0]
-            else:  # a send: its transfer starts once the channel is free (`_post`)
+            else:  # a send: its transfer starts once the channel is free
                 assert key is not None
-                channel = (key[0], key[1], key[2])
-                start = max(clock, channel_free.get(channel, 0.0))
-                channel_free[channel] = start + duration
-                arrivals[key] = (start + duration, (stage, pos))
+                post(key, duration, clock, (stage, pos), (), None)
             pos += 1
         self.pos[stage], self.clock[stage] = pos, clock
         if self.ahead_ms and clock + self.ahead_ms[stage][pos] > self.beat_ms:

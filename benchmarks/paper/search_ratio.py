@@ -2,9 +2,11 @@
 
     .venv/bin/python benchmarks/paper/search_ratio.py                  # 3 rounds: search_ratio.json
     .venv/bin/python benchmarks/paper/search_ratio.py --rounds 5 --out /tmp/ratio.json
+    .venv/bin/python benchmarks/paper/search_ratio.py --experiments scaling --granularity op --out /tmp/op.json
 
 For each configuration of `results.json` that graphpipe planned (same model, devices, mini-batch,
-granularity and options, through the benchmark's own `Workload`), times `gp.plan` for graphpipe and
+granularity and options, through the benchmark's own `Workload`; `--experiments` keeps some experiments,
+`--granularity` plans them all at one granularity instead of each one's own), times `gp.plan` for graphpipe and
 for `sequential`, one right after the other, in every round: the whole call a user waits for (the
 search, then the ranking by simulation). Each planner's time is the median of the rounds; the ratio
 is the median of the per-round ratios, with its range, since runs this short vary by tens of percent
@@ -42,10 +44,17 @@ PLANNERS = ("graphpipe", "sequential")
 SEARCHES = ("sp_tree", "chain_ceiling", "chain_full")
 
 
-def configurations(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """The distinct configurations graphpipe planned, in the order of the results file."""
+def configurations(results: dict[str, Any], experiments: str | None = None,
+                   granularity: str | None = None) -> list[dict[str, Any]]:
+    """The distinct configurations graphpipe planned, in the order of the results file; only those of
+    `experiments` (comma-separated) when given, each at `granularity` instead of its own when given."""
     seen, out = set(), []
+    kept = None if experiments is None else set(experiments.split(","))
     for run in results["runs"]:
+        if kept is not None and run["experiment"] not in kept:
+            continue
+        if granularity is not None:
+            run = {**run, "granularity": granularity}
         key = json.dumps([run["model"], run["num_devices"], run["global_batch_size"], run["granularity"],
                           run["options"]], sort_keys=True)
         if run["planner"] == "graphpipe" and run["status"] == "ok" and key not in seen:
@@ -138,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--limit", type=float, default=1.2)
     parser.add_argument("--out", type=Path, default=HERE / "search_ratio.json")
+    parser.add_argument("--experiments", help="comma-separated experiments to time (default: all)")
+    parser.add_argument("--granularity", choices=("op", "layer"), help="plan every configuration at this one")
     args = parser.parse_args(argv)
     results = json.loads(Path(args.results).read_text())
     workload = Workload(Setup(**{key: tuple(value) if isinstance(value, list) else value
@@ -146,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           "ratio (range) | SP tree ms | chain, ceiling ms | chain, full ms |")
     print("|---|---|---:|---:|---|---|---:|---:|---|---:|---:|---:|")
     entries = []
-    for run in configurations(results):
+    for run in configurations(results, args.experiments, args.granularity):
         entries.append(time_configuration(workload, run, args.rounds))
         print(row(entries[-1]), flush=True)
     print(f"\n{summary(entries, args.limit)}")

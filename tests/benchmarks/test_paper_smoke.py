@@ -165,3 +165,15 @@ def test_search_ratio_times_every_configuration_graphpipe_planned(results: tuple
         assert graph_s > 0 and ceiling_s >= 0 and chain_s > 0
     assert recorded["summary"].startswith(f"{len(expected)} configurations")
     assert "the DP searches alone" in recorded["summary"]
+
+
+def test_search_ratio_keeps_the_experiments_asked_for_at_the_granularity_asked_for(
+        results: tuple[dict[str, Any], Path]) -> None:
+    data, _ = results
+    ratio = load_script("paper/search_ratio.py", "paper_benchmark_search_ratio")
+    every = ratio.configurations(data)
+    first = every[0]["experiment"]
+    kept = ratio.configurations(data, first, "op")
+    assert kept and all(run["experiment"] == first and run["granularity"] == "op" for run in kept)
+    assert len(kept) <= sum(run["experiment"] == first for run in every)
+    assert ratio.configurations(data, "no-such-experiment") == []

@@ -57,6 +57,45 @@ def _t5() -> tuple[nn.Module, Any, Callable[[Any], torch.Tensor]]:
     return T5Model(config), inputs, lambda out: out.last_hidden_state.square().mean()
 
 
+def _llama() -> tuple[nn.Module, Any, Callable[[Any], torch.Tensor]]:
+    """Grouped-query attention, rotary embeddings, RMSNorm, and an LM head tied to the token embedding."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+                         tie_word_embeddings=True, use_cache=False)
+    return LlamaForCausalLM(config), (_tokens(),), lambda out: out.logits.square().mean()
+
+
+def _albert() -> tuple[nn.Module, Any, Callable[[Any], torch.Tensor]]:
+    """One transformer layer's weights shared by every layer: a plan splits them across stages."""
+    from transformers import AlbertConfig, AlbertModel
+
+    config = AlbertConfig(vocab_size=96, embedding_size=16, hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=4, num_attention_heads=2, max_position_embeddings=32,
+                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return AlbertModel(config), (_tokens(),), lambda out: out.last_hidden_state.square().mean()
+
+
+def _bart() -> tuple[nn.Module, Any, Callable[[Any], torch.Tensor]]:
+    from transformers import BartConfig, BartModel
+
+    config = BartConfig(vocab_size=96, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+                        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32,
+                        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, use_cache=False)
+    inputs = {"input_ids": _tokens(), "decoder_input_ids": _tokens(seq=6)}
+    return BartModel(config), inputs, lambda out: out.last_hidden_state.square().mean()
+
+
+def _swin() -> tuple[nn.Module, Any, Callable[[Any], torch.Tensor]]:
+    """Shifted-window attention: the batch and the windows share an axis inside each block."""
+    from transformers import SwinConfig, SwinModel
+
+    config = SwinConfig(image_size=16, patch_size=4, embed_dim=8, depths=[1, 1], num_heads=[1, 2], window_size=2,
+                        drop_path_rate=0.0)
+    return SwinModel(config), (torch.randn(BATCH, 3, 16, 16),), lambda out: out.pooler_output.square().mean()
+
+
 class ClipTowers(nn.Module):
     """CLIP's text and vision towers with their projections; a per-sample pair score (no batch coupling)."""
 
@@ -151,6 +190,10 @@ CORPUS: tuple[CorpusModel, ...] = (
     CorpusModel("bert", _bert),
     CorpusModel("gpt2", _gpt2),
     CorpusModel("t5", _t5),
+    CorpusModel("llama", _llama),
+    CorpusModel("albert", _albert),
+    CorpusModel("bart", _bart),
+    CorpusModel("swin", _swin),
     CorpusModel("clip_towers", _clip, two_towers=True),
     CorpusModel("inplace_cnn", _own(InplaceCnn, lambda: (torch.randn(BATCH, 3, 8, 8),))),
     CorpusModel("batchnorm_mlp", _own(BatchNormMlp, lambda: (torch.randn(BATCH, 8),))),

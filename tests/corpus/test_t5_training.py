@@ -4,7 +4,6 @@ over them (fp64, Adam, 3 steps: 1e-10)."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import pytest
@@ -17,12 +16,10 @@ from graphpipe.graph.op_graph import OpGraph
 from graphpipe.planner.build import build_plan
 from graphpipe.planner.stage_cost import CostModel
 from graphpipe.planner.stage_spec import Partition, StageSpec
-from graphpipe.runtime.comm import InMemoryHub
-from graphpipe.runtime.trainer import PipelineTrainer
 from graphpipe.stages.stage_graph import Plan
 from graphpipe.stages.validate import check_runtime_rules, validate_plan
 from tests.corpus.models import BATCH, CORPUS
-from tests.runtime.helpers import max_relative_error, run_threads
+from tests.corpus.training import train_both
 
 pytest.importorskip("transformers")
 
@@ -75,23 +72,6 @@ def test_t5_with_its_tied_embedding_on_several_stages_trains_like_one_device() -
 
     gen = torch.Generator().manual_seed(1)
     batches = [(inputs, torch.randn(BATCH, 6, 32, generator=gen, dtype=torch.float64)) for _ in range(3)]
-    hub = InMemoryHub(plan.world_size, timeout_s=60)
-    trainers = [PipelineTrainer(copy.deepcopy(model), plan, optimizer=lambda ps: torch.optim.Adam(ps, lr=1e-2),
-                                loss_fn=_loss, example_inputs=inputs, transport=hub.transport(rank), rank=rank)
-                for rank in range(plan.world_size)]
-    losses = run_threads(plan.world_size, lambda rank: [trainers[rank].step(x, y) for x, y in batches])
-
-    reference = copy.deepcopy(model)
-    optimizer = torch.optim.Adam(reference.parameters(), lr=1e-2)
-    expected = []
-    for x, y in batches:
-        optimizer.zero_grad()
-        loss = _loss(reference(**x), y)
-        loss.backward()
-        optimizer.step()
-        expected.append(loss.item())
-    assert losses[0] == pytest.approx(expected, rel=1e-10)
-    want = dict(reference.named_parameters())
-    for trainer in trainers:
-        for name, param in trainer.named_parameters():
-            assert max_relative_error(param.detach(), want[name].detach()) < 1e-10, (trainer.rank, name)
+    losses, expected, worst = train_both(model, plan, batches, _loss)
+    assert losses == pytest.approx(expected, rel=1e-10)
+    assert worst < 1e-10

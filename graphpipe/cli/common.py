@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from graphpipe.errors import ModelLoadError, PlanValidationError, UsageError
+from graphpipe.errors import GraphCaptureError, ModelLoadError, PlanValidationError, UsageError
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.models import ZOO_NAMES, ZooModel, load_model
 from graphpipe.models.user_factory import is_file_spec
@@ -87,22 +87,32 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def load_model_from_args(args: argparse.Namespace, device: str | torch.device | None = None) -> ZooModel:
-    """The model and example batch named by --model/--preset/--batch/--set (seed from --seed if defined)."""
+def load_model_from_args(args: argparse.Namespace, device: str | torch.device | None = None,
+                         empty: bool = False) -> ZooModel:
+    """The model and example batch named by --model/--preset/--batch/--set (seed from --seed if defined); with
+    `empty`, or where the command builds without values (`train.builds_empty`), its parameters on meta."""
     from graphpipe.train import builds_empty
 
     return load_model(args.model, args.preset, batch_size=args.batch, device=device,
-                      seed=getattr(args, "seed", 0), empty=builds_empty(args), **model_options(args))
+                      seed=getattr(args, "seed", 0), empty=empty or builds_empty(args), **model_options(args))
 
 
 def capture_from_args(args: argparse.Namespace, device: str | torch.device | None = None) -> tuple[ZooModel, OpGraph]:
-    """Load and capture the model. By default zoo models are built on `meta` (no weights allocated) and
-    a user's factory on CPU; pass `device="cpu"` to get a model that can run."""
+    """Load and capture the model. By default no weights are allocated: zoo models are built on `meta`, a user's
+    factory under `graphpipe.empty_weights()` (parameters on meta, buffers and example data real), so a model
+    larger than this machine's memory captures; a factory that needs its weights' values to build or to run
+    (lazy modules, say) is built again on CPU. Pass `device="cpu"` to get a model that can run."""
+    if device is None and is_file_spec(args.model):
+        try:
+            return _capture(args, load_model_from_args(args, device="cpu", empty=True))
+        except (ModelLoadError, GraphCaptureError):
+            pass  # built again with values, below: its own error, if any, is the one to report
+    return _capture(args, load_model_from_args(args, device=device or ("cpu" if is_file_spec(args.model) else "meta")))
+
+
+def _capture(args: argparse.Namespace, zoo: ZooModel) -> tuple[ZooModel, OpGraph]:
     from graphpipe.graph.capture import capture
 
-    if device is None:
-        device = "cpu" if is_file_spec(args.model) else "meta"
-    zoo = load_model_from_args(args, device=device)
     graph = capture(zoo.model, zoo.inputs, leaf_modules=getattr(args, "leaf_modules", None) or (),
                     name=graph_name(args), capture=getattr(args, "capture", None) or "auto")
     return zoo, graph

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from graphpipe.cli import main as cli_main
+from graphpipe.cli.common import capture_from_args
 from graphpipe.graph.op_graph import OpGraph
 
 USER_MODEL = '''
@@ -29,6 +31,24 @@ def make(batch_size=3):
     torch.manual_seed(0)
     inputs = (torch.randn(batch_size, 4), torch.randn(batch_size, 6))
     return TwoTowers(), inputs, torch.randint(0, 2, (batch_size,)), nn.CrossEntropyLoss()
+'''
+
+NEEDS_VALUES = '''
+import torch
+from torch import nn
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+        self.scale = float(self.layer.weight.detach().abs().sum())  # a value read at construction: no meta weights here
+
+    def forward(self, x):
+        return self.layer(x) / self.scale
+
+def make(batch_size=3):
+    torch.manual_seed(0)
+    return Scaled(), (torch.randn(batch_size, 4),), torch.randn(batch_size, 4), nn.MSELoss()
 '''
 
 
@@ -113,3 +133,24 @@ def test_capture_of_a_transformers_model_prints_branches_and_the_largest_block(
     assert cli_main.main([*args, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["max_branches"] >= 2 and data["largest_block_ops"] < data["num_compute_ops"] / 10
+
+
+def _capture_args(spec: str) -> argparse.Namespace:
+    return argparse.Namespace(model=spec, preset="tiny", batch=None, model_options=[], leaf_modules=[],
+                              capture="auto")
+
+
+def test_a_user_factory_is_captured_without_its_weights(user_spec: str) -> None:
+    """Parameters on meta (a model larger than this machine plans), the graph as with real weights."""
+    zoo, graph = capture_from_args(_capture_args(user_spec))
+    assert all(param.is_meta for param in zoo.model.parameters())
+    assert not any(value.is_meta for value in zoo.inputs)
+    assert graph.param_bytes == 4 * (4 * 8 + 8 + 8 * 8 + 8 + 6 * 8 + 8 + 16 * 2 + 2)
+
+
+def test_a_factory_that_reads_its_weights_is_built_with_values(tmp_path: Path) -> None:
+    path = tmp_path / "scaled.py"
+    path.write_text(NEEDS_VALUES)
+    zoo, graph = capture_from_args(_capture_args(f"{path}:make"))
+    assert not any(param.is_meta for param in zoo.model.parameters())
+    assert graph.param_bytes == 4 * (4 * 4 + 4)

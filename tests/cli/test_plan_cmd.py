@@ -116,3 +116,16 @@ def test_an_op_level_graphpipe_plan_of_nested_blocks_is_warned_of_first(
     for other in (["--granularity", "layer"], ["--planner", "sequential"]):
         assert run_command(plan_cmd, [*command, *other]) == 0
         assert "parallel blocks" not in capsys.readouterr().err
+
+
+def test_the_llama_example_plans_and_is_warned_of_its_nested_blocks(capsys: pytest.CaptureFixture[str]) -> None:
+    """Two layers of Llama: the rotary embedding's two-level block inside the q and the k projection, four
+    nested blocks a layer, eight in all."""
+    pytest.importorskip("transformers")
+    spec = f"{Path(__file__).resolve().parents[2] / 'examples' / 'llama.py'}:factory"
+    command = ["plan", "--model", spec, "--preset", "tiny", "--cluster", "local-cpu", "--devices", "2", "--batch", "4",
+               "--rank-by", "tps"]
+    assert run_command(plan_cmd, command) == 0
+    captured = capsys.readouterr()
+    assert "8 parallel blocks inside the branches of others" in captured.err
+    assert "graphpipe: " in captured.out

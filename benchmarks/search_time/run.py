@@ -13,7 +13,9 @@ Three more, run on their own (`--sweep`): `baselines` (the paper's models agains
 `families` (two_branch, dlrm and candle_uno with 4, 16 and 32 layers per branch at 32 devices) and
 `library` (a model the project did not write: Hugging Face CLIP's text and vision towers,
 `examples/clip_towers.py`, 24 layers each, width 1,024, at 8 and 64 devices; its attention's q, k and v
-projections are parallel blocks inside each tower).
+projections are parallel blocks inside each tower), and `decoder` (`examples/llama.py` with Llama-7B's shapes,
+8 and 32 layers, at 64 devices: the rotary embedding nests a two-level block in the q and k projections of
+every layer).
 
 Every run is one `gp.plan` call (search, then the ranking by simulation that every planner gets) in
 its own process, so its peak resident memory is its own and a run past `--limit` seconds is stopped.
@@ -52,10 +54,13 @@ SWEEPS: dict[str, list[tuple[str, int, int]]] = {  # (model, layers per branch, 
     # seven unequal ones (candle_uno), for graphpipe against its own chain DP
     "families": [(model, layers, 32) for model in ("two_branch", "dlrm", "candle_uno") for layers in (4, 16, 32)],
     "library": [("clip_towers", 24, 8), ("clip_towers", 24, 64)],
+    # a decoder-only language model: Llama-7B's shapes with 8 and 32 layers, blocks nested in every layer
+    "decoder": [("llama", 8, 64), ("llama", 32, 64)],
 }
 # models from outside the zoo: file spec, fixed overrides, and the override that sets the layers per branch
 LIBRARY: dict[str, tuple[str, dict[str, Any], str]] = {
     "clip_towers": ("examples/clip_towers.py:factory", {"width": 1024}, "layers"),
+    "llama": ("examples/llama.py:factory", {}, "layers"),
 }
 
 
@@ -239,12 +244,13 @@ def main() -> None:
         print(json.dumps(one_run(graph_file, costs_file, int(devices), planner, granularity)))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sweep", choices=("ops", "devices", "both", "baselines", "families", "library"),
+    parser.add_argument("--sweep", choices=("ops", "devices", "both", "baselines", "families", "library", "decoder"),
                         default="both",
                         help="ops and devices (both, the default); baselines: the paper's models at 8 and 32 "
                              "devices, for graphpipe against PipeDream and Piper at layer granularity; families: "
                              "the other branch shapes (two_branch, dlrm, candle_uno) with 4-32 layers at 32 devices; "
-                             "library: Hugging Face CLIP towers (examples/clip_towers.py) at 8 and 64 devices")
+                             "library: Hugging Face CLIP towers (examples/clip_towers.py) at 8 and 64 devices; "
+                             "decoder: Llama-7B's shapes with 8 and 32 layers (examples/llama.py) at 64 devices")
     parser.add_argument("--planners", default=",".join(PLANNERS))
     parser.add_argument("--rounds", type=int, default=3, help="runs of every planner per configuration (default 3)")
     parser.add_argument("--limit", type=float, default=120.0, help="seconds before a run is stopped (default 120)")

@@ -1,6 +1,7 @@
 """Fork/join blocks (`sp_dp.fork_join`): the blocks that differ only in their fork run share each plain layout's side
 (`_Side`, kept per probe by the layout without F), and those whose fork runs give F's stage the same options share
-the whole solution (`ForkJoinSolver._same_stages`); sharing changes no block's vector or choice. The floor of every
+the whole solution (`ForkJoinSolver._same_stages`), merge layouts included; sharing changes no block's vector or
+choice. The floor of every
 fork run into a block (`ForkJoinSolver.fork_floor`) is at or below each such block's vector."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from graphpipe.planner.api import make_request
 from graphpipe.planner.request import PlanRequest
 from graphpipe.planner.sp_dp import Probe, Search, build_tables
 from tests.planner.clip import clip_towers_graph
+from tests.planner.llama import llama_graph
 from tests.planner.random_sp_graphs import Case, cases
 
 FORK_RUNS = ("fork_join", "two_branch", "nested")  # the shapes with leaves before a block of at most 4 branches
@@ -29,15 +31,18 @@ class _Forgetful(dict[Any, Any]):
 
 
 class _Counted(dict[Any, Any]):
-    """A memo that counts the reads that find something."""
+    """A memo that counts the reads that find something, and keeps their keys."""
 
     def __init__(self) -> None:
         super().__init__()
         self.found = 0
+        self.keys: list[Any] = []
 
     def get(self, key: Any, default: Any = None) -> Any:
         hit = super().get(key, default)
-        self.found += hit is not None
+        if hit is not None:
+            self.found += 1
+            self.keys.append(key)
         return hit
 
 
@@ -47,11 +52,17 @@ Blocks = dict[Any, tuple[list[int], list[Any]]]
 def _blocks(request: PlanRequest, micro_batch_size: int, forget: bool) -> tuple[list[Blocks], int]:
     """Every block's need vector and choices in probes from no target to below the optimum, with the sides and
     solutions shared or (`forget`) each built afresh; and how many blocks read another's solution."""
+    found, reads = _blocks_and_reads(request, micro_batch_size, forget)
+    return found, len(reads)
+
+
+def _blocks_and_reads(request: PlanRequest, micro_batch_size: int, forget: bool) -> tuple[list[Blocks], list[Any]]:
+    """`_blocks`, with the reads as (parallel block, with J): what each block that read another's solution is."""
     chains, pars = build_tables(request.model, request.sp_tree)
     search = Search(request.model, request.sp_tree, request.num_devices, micro_batch_size, request.memory_limit,
                     chains, pars)
     search.run()
-    found, shared = [], 0
+    found, reads = [], []
     for target in (math.inf, search.hi, search.hi * 0.8):
         probe = Probe(search, target)
         stages = probe.blocks.stages_memo = _Counted()
@@ -59,10 +70,10 @@ def _blocks(request: PlanRequest, micro_batch_size: int, forget: bool) -> tuple[
             probe.blocks.side_memo = _Forgetful()
             probe.blocks.stages_memo = _Forgetful()
         probe.best_entry()
-        shared += stages.found
+        reads += [(pars[key[0]], key[2]) for key in stages.keys]
         found.append({key: (sol.need, [sol.choice[v] for v in range(len(sol.need))])
                       for key, sol in probe.block_memo.items()})
-    return found, shared
+    return found, reads
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -87,6 +98,17 @@ def test_fork_runs_into_clips_attention_share_their_solutions() -> None:
     shared, reads = _blocks(request, 8, forget=False)
     assert reads > 0
     assert shared == _blocks(request, 8, forget=True)[0]
+
+
+def test_fork_runs_into_llamas_merge_blocks_share_their_solutions() -> None:
+    """Llama (2 layers, tiny) at op level on 32 devices: blocks of two branches with their join, which have merge
+    layouts (the MLP's gate and up projections, the rotary embedding's), read others' solutions too, and every
+    block is the same as solved afresh."""
+    graph = llama_graph()
+    request = make_request(graph, analytic_costs(graph, "v100-16gb"), cluster_preset("summit", 32), 128)
+    shared, reads = _blocks_and_reads(request, 8, forget=False)
+    assert any(pinfo.par is not None and len(pinfo.par.branches) == 2 and with_join for pinfo, with_join in reads)
+    assert shared == _blocks_and_reads(request, 8, forget=True)[0]
 
 
 def _floors_and_blocks(request: PlanRequest, micro_batch_size: int) -> list[tuple[list[int], list[int]]]:

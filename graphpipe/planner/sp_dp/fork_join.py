@@ -49,13 +49,14 @@ Nesting. A block's need vector depends on its parallel block, the ops of F and J
 only, so it is memoised by those (`tables.Block.key`), as are the extended chains (per branch
 and runs: `ChainTables.extended`) and the merge stages' costs (per block and size:
 `merge_tails.MergeTable`): the same block met in a branch and in that branch's extended chains
-is solved once. F enters a block without merge layouts only through the options of F's stage, so
-the fork runs that give it the same options (from adjacent items of a chain, often) share one
-solution (`ForkJoinSolver._same_stages`), and the shortest fork run, its stage judged by compute alone, gives a
-floor for all of them (`ForkJoinSolver.fork_floor`), with which a row skips the fork runs it would override
-(`Probe._before`). A fork's lane is never solved as a chain: F's stage is items [0, stop) of
-[F] + B (only its segments from item 0 are read), and the rest of the lane is B from item
-stop - 1, whose suffix rows are B's own (or those of B + [J]). Solving [F] + B whole would
+is solved once. F enters a block only through the options of F's stage (in a merge layout's
+lanes too; the merge floors that read [F] + B only choose which pairs to place), so the fork runs
+that give it the same options (from adjacent items of a chain, often) share one solution
+(`ForkJoinSolver._same_stages`), and for a block without merge layouts the shortest fork run, its stage
+judged by compute alone, gives a floor for all of them (`ForkJoinSolver.fork_floor`), with which a row
+skips the fork runs it would override (`Probe._before`). A fork's lane is never solved as a chain:
+F's stage is items [0, stop) of [F] + B (only its segments from item 0 are read), and the rest of
+the lane is B from item stop - 1, whose suffix rows are B's own (or those of B + [J]). Solving [F] + B whole would
 build its row 0, where blocks nested in B take F into their own fork runs, whose lanes would
 do the same one level down: that made the work grow by a factor per level of nesting. Now fork
 runs stay in their chain, and a join run travels only into the last block of a branch
@@ -369,13 +370,18 @@ class ForkJoinSolver:
 
     def _same_stages(self, block: Block, with_join: bool, k_after: int) -> StagesKey | None:
         """What a block with a fork run depends on besides its parallel block, J and k_after: the options of F's
-        stage in each layout (`_fork_options`: stop, degree, most in flight), None for a block without F or
-        with merge layouts. F is one item of its lane, the rest of each lane and the sides do not depend on it
-        (`_Side`), and a choice names a layout and a stop, emitted with the block's own lanes (`emit`), so blocks
-        whose fork runs give the same options have the same vector and choices. Fork runs that start at
-        adjacent items often do: the item between them costs nothing (a view, a transpose) or changes no
-        option. On CLIP's towers at op level 2,415 of a probe's 3,486 fork-run blocks read another's."""
-        if block.fork is None or _has_merges(block, with_join):
+        stage in each plain layout (`_fork_options`: stop, degree, most in flight), None for a block without F.
+        F is one item of its lane, the rest of each lane and the sides do not depend on it (`_Side`), and a
+        choice names a layout and a stop, emitted with the block's own lanes (`emit`), so blocks whose fork runs
+        give the same options have the same vector and choices. A merge layout's lane with F is [F] + B cut at
+        its tail, whose options are those of the plain layout giving F to B (which J does not follow) up to the
+        cut; the floors `_merges` reads off [F] + B only skip pairs that would write no cell (a pair is written
+        where it is strictly below the cell, and its floor was not). Fork runs that start at adjacent items
+        often give the same options: the item between them costs nothing (a view, a transpose) or changes no
+        option. On CLIP's towers at op level 2,415 of a probe's 3,486 fork-run blocks read another's; on
+        Llama's merge blocks (the MLP's gate and up, the rotary embedding's) at 64 devices they halve the
+        merge blocks solved."""
+        if block.fork is None:
             return None
         options = tuple(None if shape.fork is None or shape.fork.chain is None
                         else self._fork_options(shape.fork.chain, shape.fork_last)

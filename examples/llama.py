@@ -7,10 +7,11 @@ downloaded), trained as a language model: next-token cross-entropy.
         --granularity auto -o llama7b.json
 
 The `tiny` preset (width 64, 2 layers) trains on a laptop; `paper` has Llama-7B's shapes (width 4,096, 32
-layers, sequence 512), built on the meta device when planning (`device="meta"`: no weights allocated), and
-`--set layers=8` or `--set width=2048` change them. At op level each layer holds parallel blocks (the rotary
-embedding inside the q and k projections, the MLP's gate and up projections), which make the graph-pipeline
-search slow on many devices: plan it with `--granularity auto` or `layer` (`docs/architecture.md`, "The 1.2x
+layers, sequence 512), which plan on any machine: planning builds the model without its weights
+(`graphpipe.empty_weights()`, or `device="meta"` here). `--set layers=8` or `--set width=2048` change them.
+At op level each layer holds parallel blocks (the rotary embedding inside the q and k projections, the MLP's
+gate and up projections), which make the graph-pipeline search slow on many devices: plan it with
+`--granularity auto` or `layer` (`docs/architecture.md`, "The 1.2x
 target and two-branch blocks").
 """
 

@@ -2,17 +2,17 @@
 downloaded), trained as a language model: next-token cross-entropy.
 
     graphpipe capture --model examples/llama.py:factory
-    graphpipe plan --model examples/llama.py:factory --devices 4 --batch 8 -o llama.json
+    graphpipe plan --model examples/llama.py:factory --preset tiny --devices 4 --batch 8 -o llama.json
     graphpipe plan --model examples/llama.py:factory --preset paper --devices 64 --mini-batch 512 \\
         --granularity auto -o llama7b.json
 
-The `tiny` preset (width 64, 2 layers) trains on a laptop; `paper` has Llama-7B's shapes (width 4,096, 32
-layers, sequence 512), which plan on any machine: planning builds the model without its weights
-(`graphpipe.empty_weights()`, or `device="meta"` here). `--set layers=8` or `--set width=2048` change them.
-At op level each layer holds parallel blocks (the rotary embedding inside the q and k projections, the MLP's
-gate and up projections), which make the graph-pipeline search slow on many devices: plan it with
-`--granularity auto` or `layer` (`docs/architecture.md`, "The 1.2x
-target and two-branch blocks").
+`tiny` (width 64, 2 layers) trains on a laptop; `paper` (the default of `graphpipe plan`) has Llama-7B's
+shapes (width 4,096, 32 layers, sequence 512), which plan on any machine: planning builds the model without
+its weights (`graphpipe.empty_weights()`, or `device="meta"` here). `--set layers=8` or `--set width=2048`
+change them. At op level each layer holds parallel blocks (the rotary embedding inside the q and k
+projections, the MLP's gate and up projections), which make the graph-pipeline search slow on many devices:
+plan it with `--granularity auto` or `layer` (`docs/architecture.md`, "The 1.2x target and two-branch
+blocks").
 """
 
 from __future__ import annotations

@@ -20,9 +20,14 @@ pytest.importorskip("transformers")
 SHARED = {"albert": "encoder.albert_layer_groups.0.albert_layers.0.ffn.weight", "llama": "model.embed_tokens.weight"}
 
 
-def _loss(output: object, targets: torch.Tensor) -> torch.Tensor:
+def _prediction(output: object) -> torch.Tensor:
+    """What the loss reads: the last hidden state (ALBERT), else the logits (Llama's LM)."""
     hidden = getattr(output, "last_hidden_state", None)
-    return nn.functional.mse_loss(output.logits if hidden is None else hidden, targets)  # type: ignore[attr-defined]
+    return output.logits if hidden is None else hidden  # type: ignore[attr-defined,no-any-return]
+
+
+def _loss(output: object, targets: torch.Tensor) -> torch.Tensor:
+    return nn.functional.mse_loss(_prediction(output), targets)
 
 
 @pytest.mark.parametrize("name", sorted(SHARED))
@@ -39,16 +44,11 @@ def test_a_weight_read_in_several_stages_trains_like_one_device(name: str) -> No
     shared = plan.shared_params.get(SHARED[name])
     assert shared is not None and len(shared["stages"]) >= 2, plan.shared_params
 
-    output = _loss_shape(model, inputs)
+    with torch.no_grad():
+        shape = _prediction(model(*inputs)).shape
     gen = torch.Generator().manual_seed(1)
-    batches = [(inputs, torch.randn(output, generator=gen, dtype=torch.float64)) for _ in range(3)]
+    batches = [(inputs, torch.randn(shape, generator=gen, dtype=torch.float64)) for _ in range(3)]
     losses, expected, worst = train_both(model, plan, batches, _loss)
     assert losses == pytest.approx(expected, rel=1e-10)
     assert worst < 1e-10
 
-
-def _loss_shape(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> torch.Size:
-    with torch.no_grad():
-        output = model(*inputs)
-    hidden = getattr(output, "last_hidden_state", None)
-    return (output.logits if hidden is None else hidden).shape

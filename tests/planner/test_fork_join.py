@@ -31,17 +31,15 @@ class _Forgetful(dict[Any, Any]):
 
 
 class _Counted(dict[Any, Any]):
-    """A memo that counts the reads that find something, and keeps their keys."""
+    """A memo that keeps the keys of the reads that find something."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.found = 0
         self.keys: list[Any] = []
 
     def get(self, key: Any, default: Any = None) -> Any:
         hit = super().get(key, default)
         if hit is not None:
-            self.found += 1
             self.keys.append(key)
         return hit
 

@@ -1,21 +1,24 @@
 """Read some tensors of a weights file: a `.safetensors` file or a `torch.distributed.checkpoint` directory.
 
-A rank that trains one stage loads only that stage's keys: safetensors maps the file and
-reads the wanted tensors; a distributed checkpoint's metadata says what it holds and
-`dcp.load` (without collectives: each rank reads on its own) fills only the keys asked for.
-Nothing is unpickled.
+A rank that trains one stage loads only that stage's keys. Safetensors maps the file and reads the
+wanted tensors. A distributed checkpoint is read here rather than by `dcp.load`, because both its
+`.metadata` and its `*.distcp` blobs are pickles and nothing read from a user's file may run code:
+`.metadata` goes through an unpickler that builds only DCP's own metadata dataclasses, `torch.Size`,
+dtypes and layouts (any other global, and state set on anything but those dataclasses, is refused),
+and each wanted chunk is a `torch.save` blob read with `torch.load(weights_only=True)` and placed at
+its offsets.
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 from graphpipe.errors import TrainingError
+from graphpipe.runtime.dcp_reader import DcpDirectory
 
 __all__ = ["WeightsFile"]
 
@@ -34,19 +37,14 @@ class WeightsFile:
         else:
             raise TrainingError(f"weights {self.path}: expected a .safetensors file or a torch.distributed."
                                 "checkpoint directory (with a .metadata file)")
-        self.shapes = self._read_shapes()
+        self._dcp = DcpDirectory(self.path) if self.kind == "dcp" else None
+        self.shapes = self._dcp.shapes if self._dcp is not None else self._read_shapes()
 
     def _read_shapes(self) -> dict[str, tuple[int, ...]]:
-        if self.kind == "safetensors":
-            from safetensors import safe_open
+        from safetensors import safe_open
 
-            with safe_open(str(self.path), framework="pt") as handle:
-                return {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}  # noqa: SIM118
-        from torch.distributed.checkpoint.filesystem import FileSystemReader
-        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-        metadata = FileSystemReader(str(self.path)).read_metadata().state_dict_metadata
-        return {key: tuple(item.size) for key, item in metadata.items() if isinstance(item, TensorStorageMetadata)}
+        with safe_open(str(self.path), framework="pt") as handle:
+            return {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}  # noqa: SIM118
 
     def read(self, wanted: Mapping[str, tuple[torch.Size, torch.dtype]]) -> dict[str, torch.Tensor]:
         """{file key: CPU tensor} for `wanted` ({key: (shape, dtype)}); TrainingError naming what is missing
@@ -60,21 +58,12 @@ class WeightsFile:
         if wrong:
             raise TrainingError(f"weights {self.path} do not fit the model ({len(wrong)} shapes differ; first: "
                                 f"{wrong[0]})")
-        if self.kind == "safetensors":
-            return self._read_safetensors(wanted)
-        return self._read_dcp(wanted)
+        if self._dcp is not None:
+            return self._dcp.read(wanted)
+        return self._read_safetensors(wanted)
 
     def _read_safetensors(self, wanted: Mapping[str, tuple[torch.Size, torch.dtype]]) -> dict[str, torch.Tensor]:
         from safetensors import safe_open
 
         with safe_open(str(self.path), framework="pt") as handle:
             return {key: handle.get_tensor(key).to(dtype) for key, (_, dtype) in wanted.items()}
-
-    def _read_dcp(self, wanted: Mapping[str, tuple[torch.Size, torch.dtype]]) -> dict[str, torch.Tensor]:
-        from torch.distributed.checkpoint.state_dict_loader import load
-
-        state = {key: torch.empty(shape, dtype=dtype) for key, (shape, dtype) in wanted.items()}
-        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-            warnings.filterwarnings("ignore", message=".*single process.*")
-            load(state, checkpoint_id=str(self.path), no_dist=True)
-        return state

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from graphpipe.errors import GraphPipeError, TrainingError
 from graphpipe.model_inputs import ModelInputs
 from graphpipe.runtime.batch_norm import BATCH_NORM_MODES
+from graphpipe.runtime.output_paths import output_paths_problem
 from graphpipe.schedule.generate import SCHEDULE_NAMES
 from graphpipe.stages.stage_graph import Plan
 
@@ -102,7 +103,7 @@ def train_args_problem(args: argparse.Namespace) -> str | None:
     if args.weights and not Path(args.weights).exists():
         return (f"--weights {args.weights} does not exist (give a .safetensors file or a torch.distributed.checkpoint "
                 "directory)")
-    return None
+    return output_paths_problem(args.checkpoint_dir, args.trace)
 
 
 def cuda_devices_problem(ranks_here: int) -> str | None:

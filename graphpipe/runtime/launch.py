@@ -160,7 +160,8 @@ def parse_failure(returncode: int, output: str) -> LaunchResult:
     """The rank that failed first in fact: torchrun's "Root Cause" is the first failure it observed,
     and a rank killed by a signal or by its own error often exits after the peers it broke. So a rank
     killed by a signal wins, then a rank whose error is its own (not "rank K probably died"), then
-    torchrun's choice."""
+    torchrun's choice. SIGTERM is what torchrun stops the other ranks with once one has failed, so a rank
+    it ended counts as killed only when no rank failed of its own accord."""
     if returncode == 0:
         return LaunchResult(returncode=0)
     messages = {int(rank): text.strip() for rank, text in _RANK_ERROR.findall(output)}
@@ -168,9 +169,11 @@ def parse_failure(returncode: int, output: str) -> LaunchResult:
     root = _ROOT_CAUSE.search(output)
     order = [int(root[1])] if root else []
     order += sorted(codes)
-    signalled = [rank for rank in order if codes.get(rank, 0) < 0]
-    own = [rank for rank in order if rank in messages and _PEER_DIED not in messages[rank]]
-    candidates = signalled or own or order or sorted(messages)
+    signalled = [rank for rank in order if codes.get(rank, 0) < 0 and codes[rank] != -signal.SIGTERM]
+    own = [rank for rank in dict.fromkeys(order + sorted(messages)) if rank in messages
+           and _PEER_DIED not in messages[rank]]
+    stopped = [rank for rank in order if codes.get(rank) == -signal.SIGTERM]
+    candidates = signalled or own or [rank for rank in order if rank not in stopped] or order or sorted(messages)
     if not candidates:
         return LaunchResult(returncode=returncode)
     chosen = candidates[0]

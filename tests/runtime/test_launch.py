@@ -81,3 +81,14 @@ Root Cause (first observed failure):
     own = "graphpipe train: rank 2: error: stage 1 ran out of memory\n"
     result = parse_failure(1, lost + own + failures.replace("-9 (pid: 4243)  (SIGKILL)", "1 (pid: 4243)"))
     assert result.failed_rank == 2 and result.message == "stage 1 ran out of memory"
+
+
+def test_a_rank_torchrun_stopped_is_not_named_when_another_failed_of_its_own_accord() -> None:
+    """torchrun ends the other ranks with SIGTERM once one fails: the rank with the error is the one to name."""
+    stopped = TORCHRUN_SUMMARY.replace("rank      : 2 (local_rank: 2)", "rank      : 0 (local_rank: 0)").replace(
+        "-9 (pid: 4242)", "-15 (pid: 4242)")
+    own = "graphpipe train: rank 1: error: this model's graph is not the one the plan was made for\n"
+    result = parse_failure(1, own + stopped)
+    assert result.failed_rank == 1 and result.message.startswith("this model's graph")
+    alone = parse_failure(1, stopped)
+    assert (alone.failed_rank, alone.rank_exitcode) == (0, -15)

@@ -4,7 +4,9 @@ Parameters registered inside the block are moved to the `meta` device as they ar
 registered, so a module's own initialiser, which runs after registration in torch's
 modules, costs nothing and the memory `torch.empty` reserved for them is never touched.
 Buffers stay real: they are small, and many are computed at construction (position ids,
-rotary tables, masks) in a way no initialiser can redo later. `PipelineTrainer` gives each
+rotary tables, masks) in a way no initialiser can redo later. So do parameters of one element:
+they cost nothing, and their value often comes from the model's config at construction (CLIP's
+logit scale), where no initialiser can redo it either. `PipelineTrainer` gives each
 rank real values for its own stage's parameters only (`graphpipe.runtime.materialize`).
 """
 
@@ -21,11 +23,13 @@ __all__ = ["empty_weights", "has_meta_tensors"]
 
 @contextmanager
 def empty_weights() -> Iterator[None]:
-    """Modules built inside get their parameters on the meta device; buffers stay real."""
+    """Modules built inside get their parameters on the meta device; buffers and one-element parameters stay
+    real."""
     original = nn.Module.register_parameter
 
     def register_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        if param is not None and not param.is_meta and not isinstance(param, UninitializedParameter):
+        if param is not None and not param.is_meta and not isinstance(param, UninitializedParameter) \
+                and param.numel() > 1:
             param = type(param)(param.detach().to("meta"), requires_grad=param.requires_grad)
         original(module, name, param)
 

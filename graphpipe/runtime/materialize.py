@@ -5,9 +5,9 @@ values. `materialize` creates them on the host, tensor by tensor, for the names 
 
 - from a weights file (`WeightsFile`: safetensors or a distributed checkpoint), reading only
   those keys; or
-- by the modules' own initialisers: `reset_parameters` (torch's modules), then the model's
-  `_init_weights(module)` when it has one (Hugging Face models; the order their
-  `post_init` uses). Each module is initialised under its own seed, drawn from the run's
+- by the modules' own initialisers: `reset_parameters` (torch's modules), then the
+  `_init_weights(module)` of the innermost (sub-)model around the module that has one (Hugging
+  Face models; the order their `post_init` uses). Each module is initialised under its own seed, drawn from the run's
   seed and the module's name, so a parameter's values depend on its name alone and not
   on which stage, rank or split holds it: a pipeline run and a one-device run of the
   same seed start from the same weights.
@@ -133,7 +133,7 @@ def _initialise_module(model: nn.Module, owner_name: str, leaves: list[str], see
                     table[key] = _as_kind(_unset_like(tensor), tensor)
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             torch.manual_seed(module_seed(seed, owner_name))
-            ran = _run_initialisers(model, owner)
+            ran = _run_initialisers(_initialising_model(model, owner_name), owner)
         values = {leaf: _detached(owner._parameters[leaf] if leaf in owner._parameters else owner._buffers[leaf])
                   for leaf in leaves}
     finally:
@@ -149,6 +149,18 @@ def _initialise_module(model: nn.Module, owner_name: str, leaves: list[str], see
             " Fix: load the weights from a file (--weights FILE), give the module a reset_parameters(), or build the "
             "model with graphpipe.empty_weights() so buffers computed at construction stay real")
     return values
+
+
+def _initialising_model(model: nn.Module, owner_name: str) -> nn.Module:
+    """The innermost module around `owner_name` (itself included) with an `_init_weights`, else `model`: a
+    composite Hugging Face model (LLaVA: a CLIP vision tower and a Llama decoder) initialises each sub-model's
+    modules with that sub-model's own `_init_weights`, as its `post_init` does."""
+    parts = owner_name.split(".") if owner_name else []
+    for depth in range(len(parts), 0, -1):
+        candidate = model.get_submodule(".".join(parts[:depth]))
+        if callable(getattr(candidate, "_init_weights", None)):
+            return candidate
+    return model
 
 
 def _run_initialisers(model: nn.Module, owner: nn.Module) -> list[str]:

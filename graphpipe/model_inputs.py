@@ -47,6 +47,13 @@ class ModelInputs:
         args, kwargs = pytree.tree_map_only(torch.Tensor, fn, (self.args, dict(self.kwargs)))
         return ModelInputs(args=tuple(args), kwargs=kwargs)
 
+    def with_batch_size(self, size: int) -> ModelInputs:
+        """The inputs with `size` samples: every tensor whose first dimension is the batch cut to its first rows,
+        or its rows repeated in turn where `size` is larger."""
+        batch = self.batch_size()
+        rows = torch.arange(size) % batch
+        return self.map_tensors(lambda t: t[rows.to(t.device)] if t.dim() > 0 and t.shape[0] == batch else t)
+
 
 def as_model_inputs(example: Any) -> ModelInputs:
     """Normalise a tensor, tuple/list, dict or `ModelInputs` into `ModelInputs`."""

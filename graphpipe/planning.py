@@ -29,7 +29,7 @@ from graphpipe.graph.layers import layer_blocks
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.planner.api import plan_candidates
 from graphpipe.planner.granularity import boundary_blocks, refine_limit
-from graphpipe.planner.notes import batch_coupling_notes
+from graphpipe.planner.notes import batch_coupling_notes, capture_notes
 from graphpipe.planner.options import PlanOptions, plan_options
 from graphpipe.planner.progress import SizeDone, size_steps
 from graphpipe.stages.stage_graph import Plan
@@ -57,8 +57,9 @@ def plan(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: 
     start = time.perf_counter()
     search = functools.partial(_plan_at, graph, costs, cluster, global_batch_size, opts)
     best = _auto(graph, search) if opts.granularity == "auto" else _found(search(opts.granularity))
+    notes = best.notes + batch_coupling_notes(graph, best) + capture_notes(graph, best)
     return dataclasses.replace(best, search_time_s=time.perf_counter() - start, planner=opts.planner,
-                               granularity=opts.granularity, notes=best.notes + batch_coupling_notes(graph, best),
+                               granularity=opts.granularity, notes=notes,
                                cost_source=cost_source or CostSource.of_table(costs))
 
 

@@ -53,9 +53,15 @@ def summary_dict(summary: GraphSummary, flops: float | None, output: str | None 
     return data
 
 
+CAPTURED_WITH = {"fx": "torch.fx", "export": "torch.export (dynamic batch)",
+                 "export-static": "torch.export at one sample (the forward fixes the batch size; every stage runs "
+                                  "its share sample by sample)"}
+
+
 def render_summary(summary: GraphSummary, flops: float | None) -> str:
     lines = [
-        f"graph {summary.name}: {summary.num_ops} ops, example batch {summary.example_batch_size}",
+        f"graph {summary.name}: {summary.num_ops} ops, example batch {summary.example_batch_size}, captured with "
+        f"{CAPTURED_WITH.get(summary.capture, summary.capture)}",
         f"parameters:  {format_count(summary.num_params)} ({format_bytes(summary.param_bytes)})"
         + (f", buffers {format_bytes(summary.buffer_bytes)}" if summary.buffer_bytes else ""),
     ]

@@ -114,13 +114,40 @@ def check_plan_fits_model(plan: Plan, args: argparse.Namespace) -> None:
     if not name:
         raise UsageError(f"plan {args.plan} does not record which model it was made for: pass --model")
     options = {**dict(spec.get("options") or {}), **model_options(args)}
+    planned = plan.graph_fingerprint
     namespace = argparse.Namespace(
-        model=name, preset=args.preset or spec.get("preset") or "tiny", batch=plan.global_batch_size,
+        model=name, preset=args.preset or spec.get("preset") or "tiny",
+        batch=planned.example_batch_size if planned else plan.global_batch_size,
         model_options=[f"{key}={json.dumps(value)}" for key, value in options.items()],
         leaf_modules=args.leaf_modules or list(spec.get("leaf_modules") or ()), seed=args.seed,
-        capture=plan.capture, init=args.init, weights=args.weights)
+        capture=plan.capture)  # built without weights where it can be, whatever --init (capture_from_args)
     _, graph = capture_from_args(namespace)
+    if planned is not None:
+        _check_same_graph(plan, graph, args, namespace)
     check_plan_fits_graph(plan, graph, args.plan)
+
+
+def _check_same_graph(plan: Plan, graph: Any, args: argparse.Namespace, given: argparse.Namespace) -> None:
+    """UsageError, in one line, unless `graph` is op for op the graph the plan was made on."""
+    from graphpipe.graph.fingerprint import difference, fingerprint_of
+
+    assert plan.graph_fingerprint is not None
+    found = fingerprint_of(graph)
+    where = difference(plan.graph_fingerprint, found.ops, found.shapes)
+    if where is None:
+        return
+    spec = dict(plan.model_spec)
+    made_with = {"--model": spec.get("model"), "--preset": spec.get("preset"),
+                 "--set": " ".join(f"{k}={json.dumps(v)}" for k, v in dict(spec.get("options") or {}).items()),
+                 "--leaf-module": " ".join(spec.get("leaf_modules") or ())}
+    used = {"--model": given.model, "--preset": given.preset, "--set": " ".join(given.model_options),
+            "--leaf-module": " ".join(given.leaf_modules)}
+    changed = [f"{flag} {used[flag] or '(none)'} here, {made_with[flag] or '(none)'} in the plan"
+               for flag in made_with if made_with[flag] is not None and (made_with[flag] or "") != (used[flag] or "")]
+    why = f" ({'; '.join(changed)})" if changed else (" (the model's code or config is not the one planned)")
+    raise UsageError(f"plan {args.plan} was made for another graph than this model's{why}: {where}; re-plan "
+                     f"this model (`graphpipe plan --model {given.model} ... -o {Path(args.plan).name}`) or train "
+                     "the model the plan was made for")
 
 
 def _forwarded(args: argparse.Namespace) -> list[str]:

@@ -3,21 +3,25 @@
 `capture="fx"` traces symbolically (layers stay whole ops; `leaf_modules` keep more modules
 whole); `capture="export"` uses `torch.export` (non-strict, dynamic batch dimension), which
 follows what fx cannot (decorated forwards, output dataclasses: Hugging Face models);
-`"auto"` tries fx and falls back to export. Either way the result is a flat fx GraphModule
-(one placeholder per input leaf) that the runtime splits into stages, and the `OpGraph`
-records every value's metas, batch axis, whether it is a tensor, and which ops every stage
-recomputes (`graphpipe.graph.replication`).
+`"auto"` tries fx and falls back to export (also where fx baked the example's batch size into
+the graph). A model whose forward fixes the batch size is exported at one sample with static
+shapes (`"export-static"`). Either way the result is a flat fx GraphModule (one placeholder per
+input leaf) that the runtime splits into stages, and the `OpGraph` records every value's metas,
+batch axis, whether it is a tensor, and which ops every stage recomputes
+(`graphpipe.graph.replication`).
 
-A model whose weights live on the `meta` device (built on it, or with `graphpipe.empty_weights`)
-is captured and shape-propagated with meta tensors, so models larger than this machine's
-memory are captured without allocating their weights.
+torch.export always runs as on the host (`graphpipe.graph.host_state`), whatever device the
+model's tensors are on, so a model built without weights (`graphpipe.empty_weights`, or on
+`meta`) and the same model with them give the same graph; shape propagation of a model without
+weights runs on meta tensors, so models larger than this machine's memory are captured without
+allocating their weights.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -27,7 +31,9 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from graphpipe.errors import GraphCaptureError
-from graphpipe.graph.export_trace import export_module
+from graphpipe.graph.devices import place_graph_on, tensor_device
+from graphpipe.graph.export_trace import BatchFixedError, export_module
+from graphpipe.graph.host_state import all_on_host, host_value
 from graphpipe.graph.meta_state import all_on_meta
 from graphpipe.graph.op_attrs import call_attrs, module_attrs
 from graphpipe.graph.op_graph import OpGraph, OpNode, ParamRef
@@ -41,7 +47,9 @@ from graphpipe.model_inputs import ModelInputs, as_model_inputs
 
 __all__ = ["CAPTURE_METHODS", "DEFAULT_LEAF_TYPES", "CapturedModule", "capture", "capture_module", "trace_module"]
 
-CAPTURE_METHODS = ("auto", "fx", "export")
+# "export-static": torch.export at one sample with every shape fixed, for models whose forward fixes the batch
+# size; a graph records it as its method, and the runtime captures such a model so and runs it sample by sample.
+CAPTURE_METHODS = ("auto", "fx", "export", "export-static")
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,13 +106,13 @@ def capture_module(model: nn.Module, example_inputs: Any, *, leaf_modules: Itera
     given = as_model_inputs(example_inputs)
     name = name or type(model).__name__
     leaf_modules = tuple(leaf_modules) if not isinstance(leaf_modules, (str, type)) else (leaf_modules,)
-    if method == "export":
+    if method in ("export", "export-static"):
         if leaf_modules:
             raise GraphCaptureError("leaf modules apply to fx capture only (torch.export keeps no module whole); "
                                     "drop --leaf-module or use --capture fx")
-        return _captured_by_export(model, given, name, with_graph)
+        return _captured_by_export(model, given, name, with_graph, static=method == "export-static")
     try:
-        return _captured_by_fx(model, given, leaf_modules, name, with_graph)
+        traced = _captured_by_fx(model, given, leaf_modules, name, with_graph)
     except GraphCaptureError as fx_error:
         if method == "fx" or leaf_modules:  # leaf modules are an fx notion: the user chose fx
             raise
@@ -113,6 +121,13 @@ def capture_module(model: nn.Module, example_inputs: Any, *, leaf_modules: Itera
         except GraphCaptureError as export_error:
             raise GraphCaptureError(f"neither torch.fx nor torch.export can capture {type(model).__name__}. "
                                     f"[fx] {fx_error} [export] {export_error}") from export_error
+    if method == "auto" and not leaf_modules and traced.graph is not None and traced.graph.fixed_batch:
+        # fx baked the example's batch into the graph (a size read as a Python int): export follows the batch
+        try:
+            return _captured_by_export(model, given, name, with_graph)
+        except GraphCaptureError:
+            pass
+    return traced
 
 
 def _captured_by_fx(model: nn.Module, given: ModelInputs, leaf_modules: tuple[Any, ...], name: str,
@@ -124,21 +139,55 @@ def _captured_by_fx(model: nn.Module, given: ModelInputs, leaf_modules: tuple[An
     return CapturedModule(module=gm, graph=graph, method="fx", input_names=tuple(values), signature=signature)
 
 
-def _captured_by_export(model: nn.Module, given: ModelInputs, name: str, with_graph: bool) -> CapturedModule:
-    if has_meta_tensors(model):  # fake tensors need one device: run export on meta copies of everything
-        with all_on_meta(model):
-            gm, in_spec, out_spec = export_module(model, given.map_tensors(lambda t: t.to("meta")))
-    else:
-        gm, in_spec, out_spec = export_module(model, given)
-    gm = with_all_state(prune_graph(gm), model)
+def _captured_by_export(model: nn.Module, given: ModelInputs, name: str, with_graph: bool,
+                        static: bool = False) -> CapturedModule:
+    """Export with a dynamic batch; where the model fixes the batch size (its forward specialises it, or the
+    graph export returns runs at the example's batch only: token counts baked into reshapes), export again
+    with static shapes at one sample, as `export-static`: a static graph's ops can depend on its batch (one
+    `getitem` per image), so the ranks run that one graph sample by sample (`graphpipe.runtime.per_sample`)."""
+    if static:
+        return _exported(model, given.with_batch_size(1), name, with_graph, static=True)
+    try:
+        captured = _exported(model, given, name, with_graph, static=False)
+    except BatchFixedError:
+        return _exported(model, given.with_batch_size(1), name, with_graph, static=True)
+    if captured.graph is not None and captured.graph.fixed_batch:
+        return _exported(model, given.with_batch_size(1), name, with_graph, static=True)
+    return captured
+
+
+def _exported(model: nn.Module, given: ModelInputs, name: str, with_graph: bool, static: bool) -> CapturedModule:
+    # Always as on the host, whatever device the model's tensors are on (`host_state`): library code branches on
+    # the device it sees, so a model planned without weights and the same model trained with them would give
+    # different graphs otherwise.
+    with all_on_host(model):
+        gm, in_spec, out_spec = export_module(model, given.map_tensors(host_value), static=static)
+    gm = with_all_state(prune_graph(adopt_model_tensors(gm, model)), model)
+    place_graph_on(gm, tensor_device(model))
     input_names = tuple(node.name for node in gm.graph.nodes if node.op == "placeholder")
     flat = fx_pytree.tree_flatten_spec((tuple(given.args), dict(given.kwargs)), in_spec)
     if len(flat) != len(input_names):
         raise GraphCaptureError(f"torch.export gave {len(input_names)} inputs for {len(flat)} input leaves; "
                                 "pass only tensors and constants as example inputs")
-    graph = _op_graph(gm, model, given, list(flat), name=name, method="export") if with_graph else None
-    return CapturedModule(module=gm, graph=graph, method="export", input_names=input_names, in_spec=in_spec,
+    method = "export-static" if static else "export"
+    graph = _op_graph(gm, model, given, list(flat), name=name, method=method) if with_graph else None
+    return CapturedModule(module=gm, graph=graph, method=method, input_names=input_names, in_spec=in_spec,
                           out_spec=out_spec)
+
+
+def adopt_model_tensors(gm: torch.fx.GraphModule, model: nn.Module) -> torch.fx.GraphModule:
+    """`gm` holding `model`'s own parameters and buffers where it holds copies of them under the same name
+    (export on host placeholders leaves those behind): one tensor per name, so tied weights stay tied and a
+    real model trains its own weights."""
+    own = {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers(remove_duplicate=False))}
+    for table_name in ("_parameters", "_buffers"):
+        for path, module in list(gm.named_modules(remove_duplicate=False)):
+            table: dict[str, Any] = getattr(module, table_name)
+            for key in list(table):
+                full = f"{path}.{key}" if path else key
+                if full in own and table[key] is not None:
+                    table[key] = own[full]
+    return gm
 
 
 def with_all_state(gm: torch.fx.GraphModule, model: nn.Module) -> torch.fx.GraphModule:
@@ -175,11 +224,23 @@ def _op_graph(gm: torch.fx.GraphModule, model: nn.Module, given: ModelInputs, fl
             values = record_values(gm, model, tuple(_to_meta(x) for x in flat_inputs), batch_size)
     else:
         values = record_values(gm, model, tuple(flat_inputs), batch_size)
+    if method == "export-static":
+        values = _per_sample(values)
     params = assign_params(gm, model)
     modules = {path for path, _ in model.named_modules(remove_duplicate=False) if path}
     ops = tuple(_op_node(node, gm, values, params.get(node.name, ()), module_stack(node, modules))
                 for node in gm.graph.nodes)
-    return OpGraph(name=name, ops=mark_replicated(ops), example_batch_size=batch_size, capture=method)
+    return OpGraph(name=name, ops=mark_replicated(ops), example_batch_size=batch_size, capture=method,
+                   fixed_batch=values.fixed_batch if method != "export-static" else None)
+
+
+def _per_sample(values: NodeValues) -> NodeValues:
+    """A graph captured at one sample runs sample by sample (`graphpipe.runtime.per_sample`): every value with a
+    dimension is then per sample, its first dimension that sample's rows (16 image patches, say), and it can
+    cross stages like a batch-first one."""
+    metas = {name: tuple(replace(meta, batch_axis=0 if meta.shape else None) for meta in found)
+             for name, found in values.metas.items()}
+    return NodeValues(metas=metas, is_tensor=values.is_tensor)
 
 
 def _bind_fx(gm: torch.fx.GraphModule, signature: inspect.Signature | None, given: ModelInputs) -> dict[str, Any]:
@@ -246,7 +307,7 @@ def _op_node(node: torch.fx.Node, gm: torch.fx.GraphModule, values: NodeValues, 
     attrs["input_shapes"] = [list(meta.shape) for src in node.all_input_nodes
                              for meta in values.metas.get(src.name, ())]
     return OpNode(
-        name=node.name, kind=kind, target=_target_str(node), module_path=module_path, module_type=module_type,
+        name=node.name, kind=kind, target=target_str(node), module_path=module_path, module_type=module_type,
         inputs=tuple(src.name for src in node.all_input_nodes), outputs=values.metas.get(node.name, ()),
         params=params, attrs=attrs, is_tensor=values.is_tensor.get(node.name, True), module_stack=stack)
 
@@ -260,7 +321,8 @@ def _callable_name(node: torch.fx.Node) -> str:
     return target if isinstance(target, str) else getattr(target, "__name__", str(target))
 
 
-def _target_str(node: torch.fx.Node) -> str:
+def target_str(node: torch.fx.Node) -> str:
+    """The op's target as the op graph names it: `aten.mul.Tensor`, `torch.add`, a module path."""
     target = node.target
     if isinstance(target, str):
         return target

@@ -25,22 +25,32 @@ from torch import nn
 from graphpipe.errors import GraphCaptureError
 from graphpipe.model_inputs import ModelInputs
 
-__all__ = ["export_module"]
+__all__ = ["BatchFixedError", "export_module"]
 
 
-def export_module(model: nn.Module, given: ModelInputs) -> tuple[torch.fx.GraphModule, pytree.TreeSpec,
-                                                                   pytree.TreeSpec]:
-    """(flat GraphModule, input spec, output spec) of `model` exported with a dynamic batch dimension."""
+class BatchFixedError(GraphCaptureError):
+    """The model's forward fixes the batch size (export specialised the dynamic batch to a constant)."""
+
+
+def export_module(model: nn.Module, given: ModelInputs, *, static: bool = False) -> tuple[
+        torch.fx.GraphModule, pytree.TreeSpec, pytree.TreeSpec]:
+    """(flat GraphModule, input spec, output spec) of `model` exported with a dynamic batch dimension, or with
+    every shape fixed at the example's (`static`: the graph then runs at that batch size only).
+    BatchFixedError when the forward fixes the batch size and `static` is off."""
     batch = given.batch_size()
-    if batch < 2:
+    if batch < 2 and not static:
         raise GraphCaptureError(
             f"capture with torch.export needs an example batch of at least 2 samples (got {batch}): with 1, "
             "export cannot tell the batch dimension from a constant; pass a larger example batch")
     try:
         with _quiet_torch_logs():
-            program = torch.export.export(model, tuple(given.args), dict(given.kwargs),
-                                          dynamic_shapes=_dynamic_shapes(model, given, batch), strict=False)
+            dynamic = None if static else _dynamic_shapes(model, given, batch)
+            program = torch.export.export(model, tuple(given.args), dict(given.kwargs), dynamic_shapes=dynamic,
+                                          strict=False)
     except Exception as err:
+        if not static and _specialised_batch(err):
+            raise BatchFixedError(f"{type(model).__name__}'s forward fixes the batch size ({_first_line(err)})") \
+                from err
         raise GraphCaptureError(
             f"torch.export could not capture {type(model).__name__}: {type(err).__name__}: "
             f"{_first_line(err)}. Fix: make the failing line independent of tensor values, or mark the module "
@@ -90,6 +100,12 @@ def _quiet_torch_logs() -> Iterator[None]:
             yield
     finally:
         logger.setLevel(level)
+
+
+def _specialised_batch(err: BaseException) -> bool:
+    """Whether export failed because the code turned the dynamic batch dimension into a constant."""
+    text = str(err)
+    return "Constraints violated (batch)" in text or ("batch" in text and "specialized it to be a constant" in text)
 
 
 def _first_line(err: BaseException) -> str:

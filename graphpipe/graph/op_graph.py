@@ -121,14 +121,16 @@ class OpNode:
 class OpGraph(JsonFile):
     """A validated DAG of ops in topological order, captured with `example_batch_size` samples.
 
-    `capture` names the method that made it ("fx" or "export"): the runtime captures the model
-    the same way, so that op names match.
+    `capture` names the method that made it ("fx", "export", or "export-static" for a model whose
+    forward fixes the batch size): the runtime captures the model the same way, so that op names match.
+    `fixed_batch` says why the graph runs at its example's batch size only (None: it runs at any).
     """
 
     name: str
     ops: tuple[OpNode, ...]
     example_batch_size: int
     capture: str = "fx"
+    fixed_batch: str | None = None
 
     def __post_init__(self) -> None:
         self._validate()
@@ -256,12 +258,13 @@ class OpGraph(JsonFile):
     # ---- serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {"format": "graphpipe.opgraph/1", "name": self.name, "example_batch_size": self.example_batch_size,
-                "capture": self.capture, "ops": [op.to_dict() for op in self.ops]}
+                "capture": self.capture, "fixed_batch": self.fixed_batch, "ops": [op.to_dict() for op in self.ops]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> OpGraph:
         return cls(name=data["name"], example_batch_size=data["example_batch_size"],
-                   capture=data.get("capture", "fx"), ops=tuple(OpNode.from_dict(op) for op in data["ops"]))
+                   capture=data.get("capture", "fx"), fixed_batch=data.get("fixed_batch"),
+                   ops=tuple(OpNode.from_dict(op) for op in data["ops"]))
 
     def __str__(self) -> str:
         return f"OpGraph({self.name!r}, {len(self.ops)} ops, {self.param_bytes / 2**20:.1f} MiB of parameters)"

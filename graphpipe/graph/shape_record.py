@@ -64,6 +64,7 @@ class NodeValues:
 
     metas: dict[str, tuple[TensorMeta, ...]]
     is_tensor: dict[str, bool]
+    fixed_batch: str | None = None  # why the graph cannot run at another batch size, if it cannot
 
 
 def record_values(gm: torch.fx.GraphModule, model: nn.Module, inputs: tuple[Any, ...],
@@ -75,14 +76,16 @@ def record_values(gm: torch.fx.GraphModule, model: nn.Module, inputs: tuple[Any,
     broadcast over the batch, a rotary table).
     """
     once = _record(gm, model, inputs)
+    fixed = None
     try:
         doubled = _record(gm, model, tuple(_doubled(x, batch_size) for x in inputs)).metas
-    except GraphCaptureError:  # the graph fixed the batch size: batch-first wherever the size matches
+    except GraphCaptureError as err:  # the graph fixed the batch size: batch-first wherever the size matches
+        fixed = str(err).split(". Check that", 1)[0]
         doubled = {name: tuple(_scaled_first_dim(meta, batch_size) for meta in found)
                    for name, found in once.metas.items()}
     metas = {name: tuple(_with_axis(meta, other) for meta, other in zip(found, doubled.get(name, ())))
              for name, found in once.metas.items()}
-    return NodeValues(metas=metas, is_tensor=once.is_tensor)
+    return NodeValues(metas=metas, is_tensor=once.is_tensor, fixed_batch=fixed)
 
 
 def _scaled_first_dim(meta: TensorMeta, batch_size: int) -> TensorMeta:

@@ -40,6 +40,7 @@ class GraphSummary:
     num_op_units: int = 0
     num_layer_units: int = 0
     layer_blocks: tuple[tuple[str, int], ...] = ()  # (module class, number of blocks of it)
+    capture: str = "fx"  # how the graph was captured (`graphpipe.graph.capture.CAPTURE_METHODS`)
 
     @property
     def max_branches(self) -> int:
@@ -54,7 +55,7 @@ class GraphSummary:
             "branches": [region.to_dict() for region in self.branches],
             "num_compute_ops": self.num_compute_ops, "largest_block_ops": self.largest_block_ops,
             "units": {"op": self.num_op_units, "layer": self.num_layer_units},
-            "layer_blocks": dict(self.layer_blocks),
+            "layer_blocks": dict(self.layer_blocks), "capture": self.capture,
         }
 
 
@@ -66,7 +67,7 @@ def summarize(graph: OpGraph) -> GraphSummary:
     params = [param for op in graph.ops for param in op.params]
     counts = Counter(op.module_type or op.kind for op in graph.ops)
     return GraphSummary(
-        name=graph.name, example_batch_size=batch, num_ops=len(graph.ops),
+        name=graph.name, example_batch_size=batch, num_ops=len(graph.ops), capture=graph.capture,
         ops_by_type=tuple(sorted(counts.items(), key=lambda item: (-item[1], item[0]))),
         num_params=sum(math.prod(param.shape) for param in params if not param.is_buffer),
         param_bytes=sum(param.num_bytes for param in params if not param.is_buffer),

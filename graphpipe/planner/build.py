@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from graphpipe.errors import PlanningError
+from graphpipe.graph.fingerprint import fingerprint_of
 from graphpipe.graph.op_graph import FREE_KINDS, OpGraph
 from graphpipe.graph.toposort import priority_topological_order
 from graphpipe.planner.placement import place
@@ -88,11 +89,13 @@ def shared_parameters(graph: OpGraph, stage_of: dict[str, int]) -> dict[str, dic
 
 
 def runtime_contract(graph: OpGraph) -> dict[str, Any]:
-    """The Plan fields the runtime needs from the op graph: capture method, replicated ops, input batch axes."""
+    """The Plan fields the runtime needs from the op graph: capture method, replicated ops, input batch axes, and
+    the graph's fingerprint (what the ranks check their own capture against)."""
     axes = {name: (graph.op(name).outputs[0].batch_axis if graph.op(name).outputs else None)
             for name in graph.inputs}
     computed = tuple(op.name for op in graph.ops if op.replicated and op.kind not in FREE_KINDS)
-    return {"capture": graph.capture, "replicated": computed, "input_batch_axes": axes}
+    return {"capture": graph.capture, "replicated": computed, "input_batch_axes": axes,
+            "graph_fingerprint": fingerprint_of(graph)}
 
 
 def lower_bound_samples_per_s(model: CostModel, specs: tuple[StageSpec, ...]) -> float:

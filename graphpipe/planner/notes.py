@@ -12,7 +12,7 @@ from graphpipe.cost.formulas.sample_split import share_size
 from graphpipe.graph.op_graph import OpGraph, OpNode
 from graphpipe.stages.stage_graph import Plan
 
-__all__ = ["batch_coupled_ops", "batch_coupling_notes"]
+__all__ = ["batch_coupled_ops", "batch_coupling_notes", "capture_notes"]
 
 _NORM_MODULES = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "LazyBatchNorm1d",
                  "LazyBatchNorm2d", "LazyBatchNorm3d")
@@ -46,3 +46,13 @@ def _is_batch_norm_in_training(op: OpNode) -> bool:
     position = _TRAINING_ARG.get(op.module_type)
     args = op.attrs.get("args") or []
     return position is not None and len(args) > position and args[position] is True
+
+
+def capture_notes(graph: OpGraph, plan: Plan) -> tuple[str, ...]:
+    """One note when the model's forward fixes the batch size: the graph was captured at one sample with static
+    shapes, and each stage runs its share sample by sample."""
+    if graph.capture != "export-static":
+        return ()
+    return (f"{graph.name}'s forward fixes the batch size, so its graph was captured at one sample with static "
+            "shapes (torch.export) and every stage runs its share of a micro-batch sample by sample: the same "
+            "numbers, less throughput than whole batches",)

@@ -91,6 +91,13 @@ class DistTransport:
             _guard(lambda w=work: w.wait(), self.rank, -1, "send to")
         self._works = []
 
+    def destroy_groups(self) -> None:
+        """Destroy this transport's process groups (made for it alone) and forget them: a group's threads
+        end only once nothing refers to it."""
+        groups, self.groups = self.groups, {}
+        for group in groups.values():
+            dist.destroy_process_group(group)
+
 
 def _guard(call: Any, rank: int, peer: int, what: str) -> Any:
     """Run a torch.distributed call; turn a peer failure into a TrainingError that names the ranks."""

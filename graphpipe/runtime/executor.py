@@ -75,7 +75,8 @@ class StageExecutor:
         held = {id(param) for param in self.shared_held.values()}
         self.local_params = tuple(param for param in self.params if id(param) not in held)
         self.stage_info = plan.stages[self.spec.stage_idx]
-        self._known: dict[tuple[int, str], tuple[torch.dtype, tuple[int, ...]]] = {}  # (peer, value) -> meta
+        # (peer, value) -> (dtype, trailing shape, rows per sample), from the header sent once per peer
+        self._known: dict[tuple[int, str], tuple[torch.dtype, tuple[int, ...], int]] = {}
         self._sent_header: set[tuple[int, str]] = set()
         self.events: list[ActionEvent] = []
         self.handlers = self._dispatch_table()
@@ -112,6 +113,12 @@ class StageExecutor:
         self.transport.flush()
         return self._local_loss
 
+    def release(self) -> None:
+        """Drop what the last mini-batch left here (received activations, inputs, targets): a tensor a
+        process group filled must not outlive it, or a backend thread may free it during interpreter teardown."""
+        self._states = {}
+        self._data, self._targets = {}, None
+
     def _check_handled(self, actions: Sequence[Action]) -> None:
         """Refuse before the first action (not midway, with peers waiting) a kind this executor cannot run."""
         for action in actions:
@@ -145,7 +152,8 @@ class StageExecutor:
         data = {name: _rows(self._data[name], start, stop, axes.get(name, 0)) for name in self.spec.data_inputs}
         for name in self.spec.inputs:
             pieces = sorted(state.received.pop(name, []), key=lambda item: item[0])
-            if sum(t.shape[0] for _, t in pieces) != stop - start:
+            rows = sum(t.shape[0] for _, t in pieces)
+            if rows == 0 or rows % (stop - start):
                 raise TrainingError(f"rank {self.rank}: stage {self.spec.stage_idx} forward {micro_batch} is missing "
                                     f"input {name!r}: the schedule has no receive for it before the forward")
             value = torch.cat([t for _, t in pieces]) if len(pieces) > 1 else pieces[0][1]
@@ -153,7 +161,7 @@ class StageExecutor:
                 value.requires_grad_(True)
             state.inputs[name] = value
         with self._precision():
-            state.outputs = self.stage(data, state.inputs)
+            state.outputs = self.stage(data, state.inputs, samples=stop - start)
             if self.spec.is_sink:
                 loss = self._loss(state.outputs.pop(MODEL_OUTPUT), _rows(self._targets, start, stop), stop - start)
         if self.spec.is_sink:
@@ -224,42 +232,46 @@ class StageExecutor:
         values = self.spec.sends.get(dst_stage, ())
         for piece in self._pieces(dst_stage, message):
             micro_batch, state = self._state_of_sample(piece.start)
-            offset = self._my_rows(micro_batch)[0]
+            offset, stop = self._my_rows(micro_batch)
             for name in values:
                 tensor = _crossing_tensor(state.outputs.get(name), name, self.spec.stage_idx, dst_stage)
-                self._send_header(piece.peer_rank, name, tensor)
-                self.transport.send(tensor.detach()[piece.start - offset:piece.stop - offset], piece.peer_rank)
+                per = _rows_per_sample(tensor, stop - offset, name)
+                self._send_header(piece.peer_rank, name, tensor, per)
+                self.transport.send(tensor.detach()[(piece.start - offset) * per:(piece.stop - offset) * per],
+                                    piece.peer_rank)
 
     def _recv_act(self, message: int, src_stage: int) -> None:
         values = self.spec.recvs.get(src_stage, ())
         for piece in self._pieces(src_stage, message):
             _, state = self._state_of_sample(piece.start)
             for name in values:
-                dtype, trailing = self._recv_header(piece.peer_rank, name)
-                tensor = self.transport.recv((piece.stop - piece.start, *trailing), dtype, piece.peer_rank)
+                dtype, trailing, per = self._recv_header(piece.peer_rank, name)
+                tensor = self.transport.recv(((piece.stop - piece.start) * per, *trailing), dtype, piece.peer_rank)
                 state.received.setdefault(name, []).append((piece.start, tensor))
 
     # ---- gradients ---------------------------------------------------------------------------
     def _send_grad(self, message: int, src_stage: int) -> None:
         for piece in self._pieces(src_stage, message):
             micro_batch, state = self._state_of_sample(piece.start)
-            offset = self._my_rows(micro_batch)[0]
+            offset, stop = self._my_rows(micro_batch)
             for name in self.spec.recvs.get(src_stage, ()):
                 value = state.inputs[name]
                 if not value.is_floating_point():
                     continue
+                per = _rows_per_sample(value, stop - offset, name)
                 grad = value.grad if value.grad is not None else torch.zeros_like(value)
-                self.transport.send(grad[piece.start - offset:piece.stop - offset], piece.peer_rank)
+                self.transport.send(grad[(piece.start - offset) * per:(piece.stop - offset) * per], piece.peer_rank)
 
     def _recv_grad(self, message: int, dst_stage: int) -> None:
         for piece in self._pieces(dst_stage, message):
             micro_batch, state = self._state_of_sample(piece.start)
-            offset = self._my_rows(micro_batch)[0]
+            offset, stop = self._my_rows(micro_batch)
             for name in self.spec.sends.get(dst_stage, ()):
                 value = state.outputs.get(name)
                 if not isinstance(value, torch.Tensor) or not value.is_floating_point():
                     continue
-                shape = (piece.stop - piece.start, *value.shape[1:])
+                per = _rows_per_sample(value, stop - offset, name)
+                shape = ((piece.stop - piece.start) * per, *value.shape[1:])
                 grad = self.transport.recv(shape, value.dtype, piece.peer_rank)
                 state.grads.setdefault(name, []).append((dst_stage, piece.start - offset, grad))
 
@@ -287,20 +299,22 @@ class StageExecutor:
     def _pieces(self, peer_stage: int, message: int) -> list[Piece]:
         return message_pieces(self.plan, self.rank, self.spec.stage_idx, peer_stage, message)
 
-    def _send_header(self, peer: int, name: str, tensor: torch.Tensor) -> None:
+    def _send_header(self, peer: int, name: str, tensor: torch.Tensor, rows_per_sample: int) -> None:
+        """dtype, trailing shape and rows per sample (the last slot) of a value, once per peer."""
         if (peer, name) in self._sent_header:
             return
         header = torch.zeros(_HEADER_LEN, dtype=torch.int64)
         header[0] = _DTYPES.index(tensor.dtype)
         header[1] = tensor.dim() - 1
         header[2:1 + tensor.dim()] = torch.tensor(tensor.shape[1:], dtype=torch.int64)
+        header[-1] = rows_per_sample
         self.transport.send(header.to(self.transport.device), peer)
         self._sent_header.add((peer, name))
 
-    def _recv_header(self, peer: int, name: str) -> tuple[torch.dtype, tuple[int, ...]]:
+    def _recv_header(self, peer: int, name: str) -> tuple[torch.dtype, tuple[int, ...], int]:
         if (peer, name) not in self._known:
             header = self.transport.recv((_HEADER_LEN,), torch.int64, peer).cpu().tolist()
-            self._known[(peer, name)] = (_DTYPES[header[0]], tuple(header[2:2 + header[1]]))
+            self._known[(peer, name)] = (_DTYPES[header[0]], tuple(header[2:2 + header[1]]), header[-1])
         return self._known[(peer, name)]
 
 
@@ -318,6 +332,16 @@ def _rows(value: Any, start: int, stop: int, axis: int | None = 0) -> Any:
     return value
 
 
+def _rows_per_sample(tensor: torch.Tensor, samples: int, name: str) -> int:
+    """Rows of a crossing value per sample: 1 for a batch-first tensor, the tokens per sample for one whose first
+    dimension flattens the batch with the sequence (`[B*T, C]`: a mixture-of-experts layer's input)."""
+    rows = tensor.shape[0]
+    if rows == 0 or rows % samples:
+        raise TrainingError(f"value {name!r} has {rows} rows for {samples} samples: a value crossing stages needs "
+                            "the batch, or the batch flattened with other dimensions, first")
+    return rows // samples
+
+
 def _crossing_tensor(value: Any, name: str, src: int, dst: int) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TrainingError(f"value {name!r} crosses from stage {src} to stage {dst} but is a "
@@ -325,7 +349,7 @@ def _crossing_tensor(value: Any, name: str, src: int, dst: int) -> torch.Tensor:
                             "plan its producer and readers into one stage")
     if value.dtype not in _DTYPES:
         raise TrainingError(f"value {name!r} has dtype {value.dtype}, which graphpipe cannot send")
-    if value.dim() == 0 or value.dim() > _HEADER_LEN - 1:
+    if value.dim() == 0 or value.dim() > _HEADER_LEN - 3:
         raise TrainingError(f"value {name!r} crossing stage {src} -> {dst} has shape {tuple(value.shape)}; "
                             "it needs a leading batch dimension")
     return value

@@ -31,6 +31,7 @@ from torch import nn
 from graphpipe.errors import TrainingError
 from graphpipe.graph.capture import CapturedModule, hold_tensors
 from graphpipe.graph.replication import is_inplace_name
+from graphpipe.runtime.per_sample import run_per_sample
 from graphpipe.stages.stage_graph import Plan
 
 MODEL_OUTPUT = "__model_output__"
@@ -67,12 +68,24 @@ class StageModule:
     spec: StageSpec
     module: torch.fx.GraphModule
     output_fn: Callable[[Any], Any] = _identity  # rebuilds the model's output object on the sink
+    per_sample: bool = False  # a graph captured at one sample (`export-static`): run it sample by sample
 
-    def __call__(self, data: Mapping[str, Any], received: Mapping[str, Any]) -> dict[str, Any]:
-        args = [data[name] for name in self.spec.data_inputs] + [received[name] for name in self.spec.inputs]
-        result: dict[str, Any] = self.module(*args)
+    def __call__(self, data: Mapping[str, Any], received: Mapping[str, Any], samples: int | None = None) -> dict[
+            str, Any]:
+        """The stage's values for one share of `samples` samples (needed by a stage captured at one sample)."""
+        if self.per_sample:
+            if samples is None:
+                raise TrainingError("a stage captured at one sample runs sample by sample: pass samples=")
+            result = run_per_sample(self._run, data, self.spec.data_batch_axes, received, samples)
+        else:
+            result = self._run(data, received)
         if MODEL_OUTPUT in result:
             result[MODEL_OUTPUT] = self.output_fn(result[MODEL_OUTPUT])
+        return result
+
+    def _run(self, data: Mapping[str, Any], received: Mapping[str, Any]) -> dict[str, Any]:
+        args = [data[name] for name in self.spec.data_inputs] + [received[name] for name in self.spec.inputs]
+        result: dict[str, Any] = self.module(*args)
         return result
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
@@ -89,8 +102,9 @@ def split_stages(source: CapturedModule | torch.fx.GraphModule, plan: Plan) -> t
     gm = source.module if isinstance(source, CapturedModule) else source
     output_fn = source.model_output if isinstance(source, CapturedModule) else _identity
     specs = stage_specs(gm, plan)
-    return tuple(StageModule(spec=spec, module=_stage_graph_module(gm, spec), output_fn=output_fn)
-                 for spec in specs)
+    per_sample = plan.capture == "export-static"
+    return tuple(StageModule(spec=spec, module=_stage_graph_module(gm, spec), output_fn=output_fn,
+                             per_sample=per_sample) for spec in specs)
 
 
 def stage_specs(gm: torch.fx.GraphModule, plan: Plan) -> tuple[StageSpec, ...]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
+from types import TracebackType
 from typing import Any
 
 import torch
@@ -21,9 +22,12 @@ from torch import nn
 
 from graphpipe.errors import GraphCaptureError, ScheduleError, TrainingError
 from graphpipe.graph.capture import CapturedModule, capture_module
+from graphpipe.graph.devices import place_graph_on
+from graphpipe.graph.fingerprint import difference, structure_of
 from graphpipe.graph.prune import prune_graph
 from graphpipe.graph.tracer import trace_module
 from graphpipe.meta_weights import has_meta_tensors
+from graphpipe.model_inputs import as_model_inputs
 from graphpipe.runtime.batch_norm import prepare_batch_norm
 from graphpipe.runtime.checkpoint import load_stage, save_stage
 from graphpipe.runtime.comm import DistTransport, Transport
@@ -47,13 +51,17 @@ class PipelineTrainer:
     `InMemoryHub`); otherwise a process group must be initialised with at least the plan's
     world size. Ranks beyond it are *idle*: they take no stage (a plan may use fewer devices
     than there are), `step` returns nan on them at once and they hold no parameters, so a
-    script can let them run its loop or leave. Data-parallel groups (and, with idle ranks, the
-    group of the plan's ranks) are created on every rank in the same order. `example_inputs` (one batch, as given to
+    script can let them run its loop or leave. Data-parallel groups (and, with idle ranks or on gloo,
+    the group of the plan's ranks) are created on every rank in the same order. `example_inputs` (one batch, as given to
     `gp.capture`) is needed for a plan captured with torch.export or from keyword or partial
     inputs; without it the model is traced with fx, one input per forward argument.
     `autocast=torch.bfloat16` runs forwards and the loss under `torch.autocast` (weights, gradients
     and optimizer state stay in the model's dtype; activations and messages are bfloat16).
+    `close()` (or `with PipelineTrainer(...) as trainer:`) ends training cleanly; see there.
     """
+
+    closed = False  # set by close(): step refuses to run after it
+    _owns_groups = False  # the transport's process groups were made here: close() destroys them
 
     def __init__(self, model: nn.Module, plan: Plan, *, optimizer: OptimizerFactory, loss_fn: LossFn,
                  schedule: str | Schedule = "1f1b", leaf_modules: Iterable[type | str] = (),
@@ -73,13 +81,15 @@ class PipelineTrainer:
         if self.idle:
             return
         self.stage_info = plan.stage_of_rank(rank)
-        self.captured = _capture(model, plan, example_inputs, leaf_modules)
+        self.captured = _capture(model, plan, _capture_inputs(plan, example_inputs), leaf_modules)
         traced = self.captured.module if isinstance(self.captured, CapturedModule) else self.captured
+        _check_same_graph(plan, traced, model)
         self.input_names = tuple(node.name for node in traced.graph.nodes if node.op == "placeholder")
         stages = split_stages(self.captured, plan)
         self.stage: StageModule = stages[self.stage_info.idx]
         self._materialize(model, traced, weights, init_seed)
         self.stage.module.to(self.device)
+        place_graph_on(self.stage.module, self.device)  # the tensors its ops create, on the rank's device too
         self.schedule = _make_schedule(plan, schedule)
         self.batch_norm = prepare_batch_norm(self.stage, batch_norm, transport=transport,
                                              dp_ranks=tuple(self.stage_info.ranks))
@@ -124,9 +134,14 @@ class PipelineTrainer:
         for stage in self.plan.stages:  # every rank creates every group, in the same order
             if len(stage.ranks) > 1:
                 groups[tuple(stage.ranks)] = dist.new_group(list(stage.ranks))
-        if world > self.plan.world_size:  # the loss and barriers of the plan's ranks leave the idle ones out
-            working = tuple(range(self.plan.world_size))
-            groups.setdefault(working, dist.new_group(list(working)))
+        working = tuple(range(self.plan.world_size))
+        # The loss and barriers of the plan's ranks leave idle ranks out, and on gloo the default group too: its
+        # threads outlive destroy_process_group() while anything refers to it (torch.distributed.nn's default
+        # arguments do once torch.optim imports torch._dynamo) and could still be releasing the last loss tensor
+        # during interpreter teardown (SIGABRT); close() destroys this group, which ends its threads.
+        if working not in groups and (world > self.plan.world_size or dist.get_backend() == "gloo"):
+            groups[working] = dist.new_group(list(working))  # the same branch on every rank: same order
+        self._owns_groups = True
         dist.barrier()  # NCCL: the first batched point-to-point call must not be the group's first call
         return DistTransport(device=self.device, groups=groups), dist.get_rank()
 
@@ -134,6 +149,8 @@ class PipelineTrainer:
     def step(self, inputs: Any, targets: Any) -> float:
         """Train on one mini-batch (batch first, every rank passes the same batch); the mean loss
         (nan on an idle rank, at once)."""
+        if self.closed:
+            raise TrainingError(f"rank {self.rank}: step after close(); make a new PipelineTrainer to train again")
         if self.idle:
             return float("nan")
         data = self._named_inputs(inputs)
@@ -214,6 +231,35 @@ class PipelineTrainer:
         self.transport.all_reduce_sum_(token, tuple(range(self.plan.world_size)))
         self.transport.flush()
 
+    # ---- the end -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Wait for this rank's posted sends, drop the tensors the last step left and destroy the process
+        groups this trainer created, which ends the threads that handled its tensors while the interpreter is
+        whole: a gloo thread still releasing one during interpreter teardown aborts the process after correct
+        results. The default group is the caller's: call `torch.distributed.destroy_process_group()` after
+        close(). Idempotent; `step` fails after it."""
+        self._close(wait=True)
+
+    def __enter__(self) -> PipelineTrainer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self._close(wait=exc_type is None)  # after a failure a peer may be gone: its receives never come
+
+    def _close(self, *, wait: bool) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if wait:
+                self.transport.flush()
+        finally:
+            if not self.idle:
+                self.executor.release()
+            if self._owns_groups and isinstance(self.transport, DistTransport):
+                self.transport.destroy_groups()
+
 
 def _capture(model: nn.Module, plan: Plan, example_inputs: Any,
              leaf_modules: Iterable[type | str]) -> CapturedModule | torch.fx.GraphModule:
@@ -224,10 +270,28 @@ def _capture(model: nn.Module, plan: Plan, example_inputs: Any,
                                   with_graph=False)
         except GraphCaptureError as err:
             raise TrainingError(f"capturing the model for training failed: {err}") from err
-    if plan.capture == "export":
+    if plan.capture in ("export", "export-static"):
         raise TrainingError("the plan's graph was captured with torch.export; pass example_inputs= (one batch, "
                             "as given to graphpipe.capture) so the model is captured the same way")
     return prune_graph(trace_module(model, leaf_modules))
+
+
+def _capture_inputs(plan: Plan, example_inputs: Any) -> Any:
+    """The example to capture with: as given, or, for a model whose forward fixes the batch size
+    (`export-static`), its first sample, as the plan's graph was captured (`graphpipe.runtime.per_sample`)."""
+    if example_inputs is None or plan.capture != "export-static":
+        return example_inputs
+    return as_model_inputs(example_inputs).with_batch_size(1)
+
+
+def _check_same_graph(plan: Plan, traced: torch.fx.GraphModule, model: nn.Module) -> None:
+    """TrainingError, in one line, unless this rank captured op for op the graph the plan partitions."""
+    if plan.graph_fingerprint is None:  # a plan made by hand: `split_stages` checks what it can
+        return
+    where = difference(plan.graph_fingerprint, structure_of(traced, model))
+    if where is not None:
+        raise TrainingError(f"this model's graph is not the one the plan was made for: {where}; plan this model "
+                            f"(graphpipe plan --model ...), or train the model the plan names ({plan.graph_name})")
 
 
 def _make_schedule(plan: Plan, schedule: str | Schedule) -> Schedule:

@@ -15,6 +15,7 @@ from typing import Any
 
 from graphpipe.cost.sources import CostSource
 from graphpipe.errors import PlanValidationError
+from graphpipe.graph.fingerprint import GraphFingerprint
 from graphpipe.serde import JsonFile
 
 
@@ -117,6 +118,9 @@ class Plan(JsonFile):
     # Where the costs the plan was searched with came from, so that the commands reading it cost it the
     # same way (graphpipe.cost.sources); None for plans that predate the record.
     cost_source: CostSource | None = None
+    # The graph the stages partition, op for op (`graphpipe.graph.fingerprint`): what `train` checks the model
+    # it splits against; None for plans made by hand or before the record.
+    graph_fingerprint: GraphFingerprint | None = None
 
     def __post_init__(self) -> None:
         for pos, stage in enumerate(self.stages):
@@ -213,6 +217,7 @@ class Plan(JsonFile):
             "input_batch_axes": dict(self.input_batch_axes), "shared_params": dict(self.shared_params),
             "granularity": self.granularity,
             "cost_source": self.cost_source.to_dict() if self.cost_source else None,
+            "graph_fingerprint": self.graph_fingerprint.to_dict() if self.graph_fingerprint else None,
         }
 
     @classmethod
@@ -233,6 +238,8 @@ class Plan(JsonFile):
             input_batch_axes=dict(data.get("input_batch_axes", {})),
             shared_params=dict(data.get("shared_params", {})), granularity=data.get("granularity", "op"),
             cost_source=CostSource.from_dict(data["cost_source"]) if data.get("cost_source") else None,
+            graph_fingerprint=(GraphFingerprint.from_dict(data["graph_fingerprint"])
+                               if data.get("graph_fingerprint") else None),
         )
 
     def __str__(self) -> str:

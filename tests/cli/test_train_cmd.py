@@ -43,3 +43,18 @@ def test_the_simulated_time_uses_the_recorded_costs(planned: Path, capsys: pytes
     assert simulated_iteration_s(measured, zoo, plan.schedule, [], str(planned)) is not None
     assert (f"graphpipe train: warning: plan {planned} was costed with costs measured on cpu, which cannot be "
             "recreated identically") in capsys.readouterr().err
+
+
+def test_a_plan_for_another_config_is_refused_before_any_worker_starts(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from graphpipe.errors import UsageError
+
+    path = tmp_path / "plan.json"
+    train_cmd._plan_now(_args("--model", "toy_diamond", "--set", "width=8", "--nproc", "2", "--batch", "8"), path)
+    monkeypatch.setattr("graphpipe.runtime.launch.launch", lambda *a, **k: pytest.fail("workers started"))
+    with pytest.raises(UsageError) as refused:
+        train_cmd.run(_args("--plan", str(path), "--set", "width=16", "--nproc", "2"))
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "(--set width=16 here, width=8 in the plan)" in message
+    assert "stem.0.weight 8x8" in message and "stem.0.weight 16x16" in message

@@ -7,7 +7,9 @@ values. `materialize` creates them on the host, tensor by tensor, for the names 
   those keys; or
 - by the modules' own initialisers: `reset_parameters` (torch's modules), then the
   `_init_weights(module)` of the innermost (sub-)model around the module that has one (Hugging
-  Face models; the order their `post_init` uses). Each module is initialised under its own seed, drawn from the run's
+  Face models; the order their `post_init` uses); a parametrised tensor's originals (weight norm) from
+  its module's `reset_parameters` and the parametrisation's right inverse
+  (`graphpipe.runtime.parametrized_init`). Each module is initialised under its own seed, drawn from the run's
   seed and the module's name, so a parameter's values depend on its name alone and not
   on which stage, rank or split holds it: a pipeline run and a one-device run of the
   same seed start from the same weights.
@@ -29,6 +31,7 @@ import torch
 from torch import nn
 
 from graphpipe.errors import TrainingError
+from graphpipe.runtime.parametrized_init import parametrized_values
 from graphpipe.runtime.weights_file import WeightsFile
 
 __all__ = ["materialize", "module_seed"]
@@ -116,7 +119,11 @@ def _initialised(chosen: list[_Tied], model: nn.Module, seed: int) -> dict[str, 
         by_owner.setdefault(owner, []).append(leaf)
     values: dict[str, torch.Tensor] = {}
     for owner in sorted(by_owner):
-        for leaf, value in _initialise_module(model, owner, by_owner[owner], seed).items():
+        parametrized = parametrized_values(model, owner, lambda name: module_seed(seed, name), _unset_like)
+        found = parametrized if parametrized is not None else _initialise_module(model, owner, by_owner[owner], seed)
+        for leaf, value in found.items():
+            if leaf not in by_owner[owner]:
+                continue
             values[f"{owner}.{leaf}" if owner else leaf] = value
     return values
 

@@ -33,7 +33,7 @@ CASES = [  # (model, devices, extra plan options, extra train options)
     ("qwen2", 2, (), ()), ("bart", 2, (), ()), ("clip", 4, (), ()), ("clip", 2, (), ("--init", "meta")),
     ("olmoe", 4, ("--micro-batch-sizes", "2"), ()), ("olmoe", 2, ("--micro-batch-sizes", "1"), ()),
     ("granitemoe", 2, (), ()), ("mixtral", 2, (), ()), ("llava", 4, (), ()), ("mamba", 2, (), ()),
-    ("wav2vec2", 2, (), ()), ("convnext", 2, (), ()),
+    ("wav2vec2", 2, (), ("--init", "meta")), ("convnext", 2, (), ()),
 ]
 IDS = [f"{name}-{devices}{''.join(plan[1:])}{''.join(train[1:])}" for name, devices, plan, train in CASES]
 

@@ -1,7 +1,8 @@
 """Run a model whose parameters are on `meta` and whose buffers are real: everything on meta, for a while.
 
 A model built with `graphpipe.empty_weights` keeps real buffers next to meta parameters;
-shape propagation and torch.export's fake tensors need one device. Inside `all_on_meta`
+shape propagation needs one device (torch.export runs on host placeholders instead:
+`graphpipe.graph.host_state`). Inside `all_on_meta`
 every real parameter and buffer is replaced by a meta copy of the same shape (one copy
 per tensor, so tied weights stay tied), and put back on exit.
 """

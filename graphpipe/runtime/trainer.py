@@ -57,7 +57,9 @@ class PipelineTrainer:
     inputs; without it the model is traced with fx, one input per forward argument.
     `autocast=torch.bfloat16` runs forwards and the loss under `torch.autocast` (weights, gradients
     and optimizer state stay in the model's dtype; activations and messages are bfloat16).
-    `close()` (or `with PipelineTrainer(...) as trainer:`) ends training cleanly; see there.
+    `close()` (or `with PipelineTrainer(...) as trainer:`) ends training cleanly; see there. A plan that records
+    its graph (`Plan.graph_fingerprint`) is checked against this rank's capture, op for op; a plan captured at
+    one sample (`export-static`) runs each share sample by sample (`graphpipe.runtime.per_sample`).
     """
 
     closed = False  # set by close(): step refuses to run after it

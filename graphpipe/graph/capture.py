@@ -231,7 +231,7 @@ def _op_graph(gm: torch.fx.GraphModule, model: nn.Module, given: ModelInputs, fl
     ops = tuple(_op_node(node, gm, values, params.get(node.name, ()), module_stack(node, modules))
                 for node in gm.graph.nodes)
     return OpGraph(name=name, ops=mark_replicated(ops), example_batch_size=batch_size, capture=method,
-                   fixed_batch=values.fixed_batch if method != "export-static" else None)
+                   fixed_batch=values.fixed_batch)  # None after `_per_sample`: a one-sample graph runs at any
 
 
 def _per_sample(values: NodeValues) -> NodeValues:

@@ -27,7 +27,6 @@ from graphpipe.graph.fingerprint import difference, structure_of
 from graphpipe.graph.prune import prune_graph
 from graphpipe.graph.tracer import trace_module
 from graphpipe.meta_weights import has_meta_tensors
-from graphpipe.model_inputs import as_model_inputs
 from graphpipe.runtime.batch_norm import prepare_batch_norm
 from graphpipe.runtime.checkpoint import load_stage, save_stage
 from graphpipe.runtime.comm import DistTransport, Transport
@@ -83,7 +82,7 @@ class PipelineTrainer:
         if self.idle:
             return
         self.stage_info = plan.stage_of_rank(rank)
-        self.captured = _capture(model, plan, _capture_inputs(plan, example_inputs), leaf_modules)
+        self.captured = _capture(model, plan, example_inputs, leaf_modules)
         traced = self.captured.module if isinstance(self.captured, CapturedModule) else self.captured
         _check_same_graph(plan, traced, model)
         self.input_names = tuple(node.name for node in traced.graph.nodes if node.op == "placeholder")
@@ -276,14 +275,6 @@ def _capture(model: nn.Module, plan: Plan, example_inputs: Any,
         raise TrainingError("the plan's graph was captured with torch.export; pass example_inputs= (one batch, "
                             "as given to graphpipe.capture) so the model is captured the same way")
     return prune_graph(trace_module(model, leaf_modules))
-
-
-def _capture_inputs(plan: Plan, example_inputs: Any) -> Any:
-    """The example to capture with: as given, or, for a model whose forward fixes the batch size
-    (`export-static`), its first sample, as the plan's graph was captured (`graphpipe.runtime.per_sample`)."""
-    if example_inputs is None or plan.capture != "export-static":
-        return example_inputs
-    return as_model_inputs(example_inputs).with_batch_size(1)
 
 
 def _check_same_graph(plan: Plan, traced: torch.fx.GraphModule, model: nn.Module) -> None:

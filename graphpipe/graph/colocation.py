@@ -6,7 +6,9 @@ Two rules, over the ops that are not replicated (`graphpipe.graph.replication`):
   before its `getitem`s, a `[1, heads, q, k]` position bias made from a parameter) stays
   with every op that reads it;
 - an op with no data edge at all (an in-place update of a buffer, such as a step counter)
-  runs with the model output.
+  runs with the model output;
+- an in-place op on a computed tensor stays with the views it writes through and with every
+  later reader of that tensor (`graphpipe.graph.mutation`).
 
 Ops that read the same trainable parameter (tied embeddings) may sit in different stages: each
 holds a copy and the runtime sums the gradient (`graphpipe.runtime.shared_grads`).
@@ -20,7 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from graphpipe.graph.op_graph import OpGraph
+from graphpipe.graph.mutation import views_of
+from graphpipe.graph.op_graph import FREE_KINDS, OpGraph
+from graphpipe.graph.replication import is_mutating, op_base_name, op_changes
 
 __all__ = ["colocation_groups"]
 
@@ -62,6 +66,29 @@ def _required_pairs(graph: OpGraph, names: list[str]) -> list[tuple[str, str]]:
             pairs += [(name, reader) for reader in graph.data_successors(name)]
         if op.kind != "output" and not graph.data_predecessors(name) and not graph.data_successors(name):
             pairs.append((name, graph.output))
+    return pairs + _write_pairs(graph)
+
+
+def _write_pairs(graph: OpGraph) -> list[tuple[str, str]]:
+    """An in-place op on a computed tensor that is not replicated, with the views it writes through and
+    with every later op that reads the tensor or a view of it (`graphpipe.graph.mutation`)."""
+    ops = graph.ops
+    changes = {op: chain for op, chain in op_changes(ops).items() if not graph.op(op).replicated
+               and graph.op(chain[-1]).kind not in FREE_KINDS}
+    if not changes:
+        return []
+    first_readers: dict[str, list[str]] = {}
+    for op in ops:
+        if op.inputs:
+            first_readers.setdefault(op.inputs[0], []).append(op.name)
+    pairs: list[tuple[str, str]] = []
+    for writer, chain in changes.items():
+        pairs += [(writer, view) for view in chain if not graph.op(view).replicated]
+        aliases = views_of((chain[-1],), first_readers, lambda name: op_base_name(graph.op(name)),
+                           lambda name: is_mutating(graph.op(name)))
+        later = {reader for alias in aliases for reader in graph.successors(alias)
+                 if graph.index(reader) > graph.index(writer) and not graph.op(reader).replicated}
+        pairs += [(writer, reader) for reader in sorted(later, key=graph.index)]
     return pairs
 
 

@@ -9,7 +9,8 @@ every stage that reads one computes it itself:
 - model inputs (every rank reads the data) and parameter or buffer reads are replicated;
 - an op is replicated when all its inputs are, it reads no trainable parameter (its gradient
   would be counted once per copy), it is not random (each copy would draw other numbers) and
-  it mutates nothing (`add_`, `copy_`, `x += y`).
+  it mutates nothing (`add_`, `copy_`, `x += y`) but a tensor the stage computed itself (a mask
+  filled in place: each copy writes its own; `graphpipe.graph.mutation`).
 
 Replicated ops carry no message, order no stages and join no branches. What remains is
 either a batch-first tensor (it may cross a stage boundary) or a value that must stay with
@@ -21,9 +22,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from graphpipe.graph.mutation import changes_of
 from graphpipe.graph.op_graph import FREE_KINDS, OpNode
 
-__all__ = ["is_inplace_name", "is_mutating", "is_random", "mark_replicated", "trainable_param_readers"]
+__all__ = ["is_inplace_name", "is_mutating", "is_random", "mark_replicated", "op_base_name", "op_changes",
+           "trainable_param_readers"]
 
 _RANDOM_PARTS = ("dropout", "rand", "bernoulli", "multinomial", "normal_", "uniform_", "Dropout")
 _INPLACE_OPERATORS = frozenset({"iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "iand", "ior",
@@ -33,12 +36,16 @@ _INPLACE_OPERATORS = frozenset({"iadd", "isub", "imul", "itruediv", "ifloordiv",
 def mark_replicated(ops: Sequence[OpNode]) -> tuple[OpNode, ...]:
     """The ops with `replicated` set by the rule above (ops in topological order)."""
     readers = trainable_param_readers(ops)
+    changes = op_changes(ops)
+    kinds = {op.name: op.kind for op in ops}
     free: set[str] = set()
     out = []
     for op in ops:
+        writes_own_copy = op.name in changes and kinds[changes[op.name][-1]] not in FREE_KINDS
         flag = op.kind in FREE_KINDS or (
             op.kind in ("call_function", "call_method") and op.name not in readers
-            and not is_mutating(op) and not is_random(op) and all(src in free for src in op.inputs))
+            and (writes_own_copy or not is_mutating(op)) and not is_random(op)
+            and all(src in free for src in op.inputs))
         if flag:
             free.add(op.name)
         out.append(op if op.replicated == flag else replace(op, replicated=flag))
@@ -58,7 +65,7 @@ def trainable_param_readers(ops: Sequence[OpNode]) -> set[str]:
 
 def is_mutating(op: OpNode) -> bool:
     """An in-place op: its name ends in `_` (`add_`, `relu_`, `copy_`), an augmented assignment, or inplace=True."""
-    return op.attrs.get("inplace") is True or is_inplace_name(_base_name(op))
+    return op.attrs.get("inplace") is True or is_inplace_name(op_base_name(op))
 
 
 def is_inplace_name(name: str) -> bool:
@@ -67,11 +74,18 @@ def is_inplace_name(name: str) -> bool:
     return name in _INPLACE_OPERATORS or (name.endswith("_") and not name.startswith("_"))
 
 
+def op_changes(ops: Sequence[OpNode]) -> dict[str, tuple[str, ...]]:
+    """For every in-place op: the ops whose storage it writes, its own input first, the root last."""
+    by_name = {op.name: op for op in ops}
+    return changes_of(by_name, lambda name: by_name[name].inputs[0] if by_name[name].inputs else None,
+                      lambda name: op_base_name(by_name[name]), lambda name: is_mutating(by_name[name]))
+
+
 def is_random(op: OpNode) -> bool:
     name = op.module_type or op.target
     return any(part in name for part in _RANDOM_PARTS)
 
 
-def _base_name(op: OpNode) -> str:
+def op_base_name(op: OpNode) -> str:
     name = op.module_type or op.target.rsplit(".", 1)[-1]
     return name.split(".")[0]

@@ -27,7 +27,10 @@ Graphs that are not SP are made SP without changing what the model computes:
    b->d, c,d->out), the smallest single-entry single-exit region around a stuck fork
    (the fork and its immediate post-dominator) is merged into one `SPLeaf` holding all its
    ops: those ops will always share a stage. The whole graph is the region of last resort,
-   so the method always terminates.
+   so the method always terminates. When a branch that reads only model inputs joins deep
+   inside another branch (a tower's aspect-ratio embedding added after its layers), that
+   branch shares a leaf with the op that reads it instead, if that is fewer ops: the closed
+   region around it would hold the whole tower and keep it from running beside the rest.
 """
 
 from __future__ import annotations
@@ -319,6 +322,10 @@ class _Reducer:
         while not (len(self.out) == 2 and len(self.out[_SOURCE]) == 1 and _SINK in self.out[_SOURCE]):
             src, dst, region = self._stuck_region()
             ops = tuple(name for tree in region for name in _ops_of(tree))
+            branch = self._smallest_input_branch()
+            if branch is not None and ((src, dst) == (_SOURCE, _SINK) or branch[1] < len(ops)):
+                self._fold_input_branch(branch[0])
+                continue
             for a, b in list(self._region_edges(src, dst)):
                 self._remove(a, b)
             for node in list(self.out):
@@ -327,6 +334,33 @@ class _Reducer:
             self._add(src, dst, ("blob", ops) if ops else ("wire",))
             self._reduce([src, dst])
         return self.out[_SOURCE][_SINK]
+
+    # ---- folding a branch that reads only model inputs into its reader ---------------------
+    def _smallest_input_branch(self) -> tuple[_Node, int] | None:
+        """The join fed straight from the source whose input-only branch, with the op that reads it, is the
+        fewest ops; None if no join is fed so. Such a branch (a position or aspect-ratio embedding added deep
+        inside a tower) depends on nothing the rest computes, so sharing its reader's stage costs the planner
+        only that branch, where merging the smallest closed region around it could swallow a whole tower."""
+        best: tuple[_Node, int] | None = None
+        for join, branch in self.out[_SOURCE].items():
+            if join[0] != "in" or len(self.inn[join]) < 2 or len(self.out[join]) != 1:
+                continue
+            (onward,) = self.out[join].values()
+            size = sum(1 for _ in _ops_of(branch)) + sum(1 for _ in _ops_of(_series_parts(onward)[0]))
+            if best is None or size < best[1]:
+                best = (join, size)
+        return best
+
+    def _fold_input_branch(self, join: _Node) -> None:
+        """Move the source's branch into `join` into one leaf with the op that reads it: one edge fewer."""
+        branch = self._remove(_SOURCE, join)
+        (after,) = self.out[join]
+        head, *rest = _series_parts(self._remove(join, after))
+        tree: _Tree = ("blob", (*_ops_of(branch), *_ops_of(head)))
+        for part in rest:
+            tree = _ser(tree, part)
+        self._add(join, after, tree)
+        self._reduce([join, after, _SOURCE])
 
     # ---- merging a stuck region ----------------------------------------------------------
     def _topo(self) -> list[_Node]:

@@ -30,6 +30,7 @@ from torch import nn
 
 from graphpipe.errors import TrainingError
 from graphpipe.graph.capture import CapturedModule, hold_tensors
+from graphpipe.graph.mutation import changes_of
 from graphpipe.graph.replication import is_inplace_name
 from graphpipe.runtime.per_sample import run_per_sample
 from graphpipe.stages.stage_graph import Plan
@@ -111,6 +112,7 @@ def stage_specs(gm: torch.fx.GraphModule, plan: Plan) -> tuple[StageSpec, ...]:
     stage_of = _stage_of_nodes(gm, plan)
     nodes = list(gm.graph.nodes)
     free = _free_nodes(gm, plan)
+    writes = _free_writes(gm, free)
     by_name = {node.name: node for node in nodes}
     num_stages = plan.num_stages
     computed: list[list[str]] = [[] for _ in range(num_stages)]
@@ -135,7 +137,7 @@ def stage_specs(gm: torch.fx.GraphModule, plan: Plan) -> tuple[StageSpec, ...]:
     for idx in range(num_stages):
         recvs = {src: tuple(vals) for (src, dst), vals in sorted(crossing.items()) if dst == idx}
         sends = {dst: tuple(vals) for (src, dst), vals in sorted(crossing.items()) if src == idx}
-        closure = _free_closure(by_name, needs[idx], free)
+        closure = _free_closure(by_name, needs[idx], free, writes)
         data_inputs = tuple(name for name in axes if name in closure)
         specs.append(StageSpec(
             stage_idx=idx, nodes=tuple(computed[idx]), data_inputs=data_inputs,
@@ -153,17 +155,34 @@ def _free_nodes(gm: torch.fx.GraphModule, plan: Plan) -> frozenset[str]:
     return frozenset(node.name for node in gm.graph.nodes if node.op in _FREE_OPS or node.name in replicated)
 
 
-def _free_closure(by_name: Mapping[str, torch.fx.Node], wanted: Mapping[str, None], free: frozenset[str]) -> set[str]:
-    """The free nodes `wanted` and every free node they read, transitively."""
+def _free_closure(by_name: Mapping[str, torch.fx.Node], wanted: Mapping[str, None], free: frozenset[str],
+                  writes: Mapping[str, tuple[str, ...]]) -> set[str]:
+    """The free nodes `wanted` and every free node they read, transitively, with the free in-place ops that
+    write a tensor among them (`writes`: writer -> the nodes whose storage it writes, the root last), and what
+    those read: a mask filled in place is filled in every stage that makes it."""
     closure: set[str] = set()
     stack = list(wanted)
     while stack:
-        name = stack.pop()
-        if name in closure:
-            continue
-        closure.add(name)
-        stack.extend(src.name for src in by_name[name].all_input_nodes if src.name in free)
+        while stack:
+            name = stack.pop()
+            if name in closure:
+                continue
+            closure.add(name)
+            stack.extend(src.name for src in by_name[name].all_input_nodes if src.name in free)
+        stack = [writer for writer, chain in writes.items() if writer not in closure and chain[-1] in closure]
     return closure
+
+
+def _free_writes(gm: torch.fx.GraphModule, free: frozenset[str]) -> dict[str, tuple[str, ...]]:
+    """The free in-place ops and the nodes whose storage each writes (`graphpipe.graph.mutation`)."""
+    by_name = {node.name: node for node in gm.graph.nodes}
+
+    def first_input(name: str) -> str | None:
+        args = by_name[name].args
+        return args[0].name if args and isinstance(args[0], torch.fx.Node) else None
+
+    return changes_of((name for name in by_name if name in free), first_input,
+                      lambda name: _target_name(by_name[name]), lambda name: _is_inplace(gm, by_name[name]))
 
 
 def _stage_of_nodes(gm: torch.fx.GraphModule, plan: Plan) -> dict[str, int]:
@@ -286,4 +305,9 @@ def _is_inplace(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
         return True
     if node.op == "call_module":
         return getattr(gm.get_submodule(str(node.target)), "inplace", False) is True
-    return is_inplace_name(str(getattr(node.target, "__name__", node.target)).split(".")[0])
+    return is_inplace_name(_target_name(node))
+
+
+def _target_name(node: torch.fx.Node) -> str:
+    """`fill_` for `aten.fill_.Scalar`, `view` for the method `view`."""
+    return str(getattr(node.target, "__name__", node.target)).split(".")[0]

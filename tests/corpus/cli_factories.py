@@ -158,6 +158,31 @@ def llava(batch_size: int = 4, seed: int = 0, dtype: str = "float64", width: int
     return _done(LlavaForConditionalGeneration(config), inputs, tokens, NextTokenLoss(), dtype)
 
 
+def mllama(batch_size: int = 4, seed: int = 0, dtype: str = "float64", width: int = 32, layers: int = 4,
+           vision_layers: int = 2, patches: int = 2) -> tuple[Any, ...]:
+    """A vision-language model whose image enters the decoder by cross-attention half way up (Mllama): the
+    vision tower runs beside the decoder's first half, and both join at the cross-attention layer.
+    `patches` per side of the image (one tile)."""
+    from transformers import MllamaConfig, MllamaForConditionalGeneration
+
+    vision = {"hidden_size": width, "num_hidden_layers": vision_layers, "num_global_layers": 1, "attention_heads": 2,
+              "intermediate_size": 2 * width, "vision_output_dim": 2 * width, "image_size": 8 * patches,
+              "patch_size": 8, "max_num_tiles": 1, "intermediate_layers_indices": [0],
+              "supported_aspect_ratios": [[1, 1]]}
+    text = {"vocab_size": VOCAB, "hidden_size": width, "intermediate_size": 2 * width, "num_hidden_layers": layers,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "cross_attention_layers": [layers // 2],
+            "max_position_embeddings": 64, "use_cache": False, "pad_token_id": 0, "bos_token_id": 1,
+            "eos_token_id": 2}
+    config = MllamaConfig(vision_config=vision, text_config=text, image_token_index=VOCAB - 1)
+    tokens = _tokens(batch_size, seed, high=VOCAB - 2)
+    tokens[:, 0] = VOCAB - 1  # the image token: every text token attends to the image
+    one = torch.ones(batch_size, dtype=torch.long)
+    inputs = {"input_ids": tokens, "pixel_values": _floats(seed, batch_size, 1, 1, 3, 8 * patches, 8 * patches),
+              "aspect_ratio_ids": one.view(-1, 1), "aspect_ratio_mask": one.view(-1, 1, 1),
+              "cross_attention_mask": one.view(-1, 1, 1, 1).expand(-1, SEQ, 1, 1).contiguous()}
+    return _done(MllamaForConditionalGeneration(config), inputs, tokens, NextTokenLoss(), dtype)
+
+
 def mamba(batch_size: int = 4, seed: int = 0, dtype: str = "float64") -> tuple[Any, ...]:
     """A state-space model (Mamba, the reference scan)."""
     from transformers import MambaConfig, MambaForCausalLM

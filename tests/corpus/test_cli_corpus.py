@@ -5,7 +5,9 @@ Each model is planned for 2 local CPU devices (three of them also for 4), traine
 the batches `graphpipe train` draws, and compared with the same steps on one device: every step's loss and
 every parameter of the final checkpoint within 1e-10 (relative to the parameter's norm, absolute below norm
 1: a parameter whose gradient is zero in exact arithmetic moves by rounding noise only). The mixture-of-
-experts decoder is also planned at two micro-batch sizes other than its example's 4.
+experts decoder is also planned at two micro-batch sizes other than its example's 4. The cross-attention
+vision-language model (Mllama) gets its vision tower a stage beside the decoder's first half, which the simulator
+ranks above the best chain of stages.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ TOLERANCE = 1e-10
 CASES = [  # (model, devices, extra plan options, extra train options)
     ("qwen2", 2, (), ()), ("bart", 2, (), ()), ("clip", 4, (), ()), ("clip", 2, (), ("--init", "meta")),
     ("olmoe", 4, ("--micro-batch-sizes", "2"), ()), ("olmoe", 2, ("--micro-batch-sizes", "1"), ()),
-    ("granitemoe", 2, (), ()), ("mixtral", 2, (), ()), ("llava", 4, (), ()), ("mamba", 2, (), ()),
+    ("granitemoe", 2, (), ()), ("mixtral", 2, (), ()), ("llava", 4, (), ()), ("mllama", 4, (), ()),
+    ("mamba", 2, (), ()),
     ("wav2vec2", 2, (), ("--init", "meta")), ("convnext", 2, (), ()),
 ]
 IDS = [f"{name}-{devices}{''.join(plan[1:])}{''.join(train[1:])}" for name, devices, plan, train in CASES]
@@ -72,6 +75,34 @@ def test_plan_then_train_equals_one_device(tmp_path: Path, name: str, devices: i
     if name == "llava":  # its forward fixes the batch size: captured at one sample, said once
         assert plan.capture == "export-static"
         assert planned.stdout.count("fixes the batch size") == 1, planned.stdout
+    if name == "mllama":
+        _assert_parallel_stages_beat_a_chain(plan, model, devices, tmp_path / "chain.json")
+
+
+def _assert_parallel_stages_beat_a_chain(plan: Plan, model: str, devices: int, chain_path: Path) -> None:
+    """The vision tower has a stage beside the decoder's, and the simulator ranks the plan above the
+    `sequential` planner's best chain under the same options."""
+    assert not plan.is_sequential, f"a chain of {plan.num_stages} stages"
+    vision = plan.stage_of_op("model_vision_model_patch_embedding_weight").idx
+    text = plan.stage_of_op("model_language_model_embed_tokens_weight").idx
+    assert vision != text and vision not in _ancestors(plan, text) and text not in _ancestors(plan, vision)
+    chained = _graphpipe("plan", "--model", model, "--cluster", "local-cpu", "--devices", str(devices),
+                         "--mini-batch", str(MINI_BATCH), "--planner", "sequential", "-o", str(chain_path))
+    assert chained.returncode == 0, chained.stderr[-3000:]
+    chain = Plan.load(chain_path)
+    assert chain.depth == chain.num_stages
+    assert plan.predicted_samples_per_s > chain.predicted_samples_per_s
+
+
+def _ancestors(plan: Plan, stage: int) -> set[int]:
+    found: set[int] = set()
+    todo = list(plan.predecessors[stage])
+    while todo:
+        idx = todo.pop()
+        if idx not in found:
+            found.add(idx)
+            todo.extend(plan.predecessors[idx])
+    return found
 
 
 def _one_device(model: str, meta_init: bool) -> tuple[list[float], dict[str, torch.Tensor]]:

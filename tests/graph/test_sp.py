@@ -96,6 +96,20 @@ def test_non_sp_graph_is_merged_into_one_leaf() -> None:
     assert sorted(flat(tree)) == sorted(preds)
 
 
+def test_an_input_only_branch_joining_inside_a_tower_shares_its_readers_leaf() -> None:
+    """A vision tower whose aspect-ratio embedding (read from the inputs only) is added after its layers, beside
+    a text tower: the closed region around the embedding would hold the whole vision tower; folding the
+    embedding into the op that reads it keeps the towers parallel."""
+    preds = {"pixels": (), "tokens": (), "ratio_embedding": (), "patches": ("pixels",), "layer": ("patches",),
+             "intermediate": ("patches",), "add_ratio": ("layer", "ratio_embedding"),
+             "cat": ("intermediate", "add_ratio"), "text": ("tokens",), "cross": ("cat", "text")}
+    tree = decompose(preds)
+    (merged,) = merged_leaves(tree)
+    assert set(merged.ops) == {"ratio_embedding", "add_ratio"}
+    towers = next(par for par in iter_parallels(tree) if len(par.branches) == 2 and "text" in flat(par.branches[1]))
+    assert "pixels" in flat(towers.branches[0]) and "cross" not in flat(towers.branches[0])
+
+
 def test_large_branchy_graph_is_decomposed() -> None:
     """16 branches of 64 ops (1000+ ops): one parallel block of 16 chains."""
     preds: dict[str, tuple[str, ...]] = {"x": ()}

@@ -94,3 +94,26 @@ def test_a_plan_missing_ops_is_refused() -> None:
     plan = plan_from(Chain(depth=2), lambda n: 0, [(0,)], micro_batch_size=2, global_batch_size=4)
     with pytest.raises(TrainingError, match="in no stage"):
         split_stages(trace_module(model), plan)
+
+
+def test_a_mask_filled_in_place_is_filled_in_every_stage_that_reads_it() -> None:
+    """The fill has no reader, so nothing but its write says that the second stage needs it."""
+    from graphpipe.graph.capture import capture_module
+    from graphpipe.stages.stage_graph import Plan, Stage, StageEdge
+    from tests.graph.test_mutation import FilledMask
+
+    torch.manual_seed(0)
+    model, x = FilledMask(), torch.randn(6, 4)
+    captured = capture_module(model, (x,))
+    graph = captured.graph
+    assert graph is not None
+    second = {"b_weight", "b_bias", "linear_1", "mul_1", "output"}  # b and what follows it
+    stages = tuple(Stage(idx=idx, ops=tuple(op.name for op in graph.ops if (op.name in second) == bool(idx)),
+                         ranks=(idx,), micro_batch_size=6, in_flight_samples=6) for idx in range(2))
+    plan = Plan(graph_name="FilledMask", stages=stages, global_batch_size=6, num_devices=2, planner="manual",
+                edges=(StageEdge(src=0, dst=1, tensors=("mul",), bytes_per_sample=16.0),),
+                replicated=tuple(op.name for op in graph.ops if op.replicated))
+    first, last = split_stages(captured, plan)
+    sent = first({"x": x}, {})
+    output = last({"x": x}, {"mul": sent["mul"]})[MODEL_OUTPUT]
+    torch.testing.assert_close(output, model(x), rtol=0, atol=0)

@@ -9,7 +9,9 @@ simulated so far is not simulated: the winner is the same (`docs/architecture.md
 ranking by simulation every size's plan is searched to full precision (`every_size`), not
 only the sizes that could hold the best TPS.
 `parallel-only` (the ablation) takes the micro-batch size of the sequential plan that the
-same ranking picks.
+same ranking picks. graphpipe's winner then meets its rivals, the `sequential` planner's winner and,
+at op level, its own layer-level winner, and the fastest of them in simulation is kept
+(`_no_slower_than_rivals`): never slower than what it could have chosen itself.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from graphpipe.planner.api import plan_candidates
 from graphpipe.planner.granularity import boundary_blocks, refine_limit
 from graphpipe.planner.notes import batch_coupling_notes, capture_notes
 from graphpipe.planner.options import PlanOptions, plan_options
-from graphpipe.planner.progress import SizeDone, size_steps
+from graphpipe.planner.progress import PlanProgressFn, SizeDone, size_steps
 from graphpipe.stages.stage_graph import Plan
 from graphpipe.stages.validate import check_runtime_rules
 
@@ -57,6 +59,8 @@ def plan(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: 
     start = time.perf_counter()
     search = functools.partial(_plan_at, graph, costs, cluster, global_batch_size, opts)
     best = _auto(graph, search) if opts.granularity == "auto" else _found(search(opts.granularity))
+    if opts.planner == "graphpipe" and opts.rank_by == "simulation":
+        best = _no_slower_than_rivals(graph, costs, cluster, global_batch_size, opts, best)
     notes = best.notes + batch_coupling_notes(graph, best) + capture_notes(graph, best)
     return dataclasses.replace(best, search_time_s=time.perf_counter() - start, planner=opts.planner,
                                granularity=opts.granularity, notes=notes,
@@ -84,6 +88,48 @@ def _auto(graph: OpGraph, search: Callable[..., Plan | None]) -> Plan:
         _unless_a_bug(err)
         return layer
     return refined if refined is not None and refined.predicted_iteration_s < layer.predicted_iteration_s else layer
+
+
+def _no_slower_than_rivals(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int,
+                           opts: PlanOptions, best: Plan) -> Plan:
+    """`best`, or the plan of a rival search if that one simulates faster, with a note saying so. The rivals are
+    what graphpipe could have chosen itself: the `sequential` planner's winner under the same options (every
+    chain is a stage graph; graphpipe searches chains only under its best graph pipeline's TPS, and TPS is
+    not what the simulation ranks) and, at op level, its own layer-level winner (every layer-level plan is an
+    op-level plan; the op-level search keeps the best TPS per micro-batch size, not the best simulation). So
+    the winner is never slower, in the simulated iteration, than either (`docs/architecture.md`)."""
+    rivals = [("the sequential planner's chain", opts.with_fields(
+        planner="sequential", progress=_labelled(opts.progress, "rival: sequential")))]
+    if opts.granularity == "op" and layer_blocks(graph):  # without layers, layer level is op level
+        rivals.append(("the layer-level plan", opts.with_fields(
+            granularity="layer", progress=_labelled(opts.progress, "rival: layer level"))))
+    for label, rival_opts in rivals:
+        rival = _rival(graph, costs, cluster, global_batch_size, rival_opts, best.predicted_iteration_s)
+        if rival is not None and rival.predicted_iteration_s < best.predicted_iteration_s:
+            gain = best.predicted_iteration_s / rival.predicted_iteration_s - 1
+            note = (f"kept {label}: it simulates {gain:.1%} faster than the best plan of this search "
+                    f"({rival.predicted_iteration_s * 1e3:.3f} ms against {best.predicted_iteration_s * 1e3:.3f} ms "
+                    "an iteration)")
+            best = dataclasses.replace(rival, notes=(*rival.notes, note))
+    return best
+
+
+def _labelled(progress: PlanProgressFn | None, label: str) -> PlanProgressFn | None:
+    """`progress` with `label` added to every phase: a rival's search says whose it is."""
+    if progress is None:
+        return None
+    return lambda event: progress(dataclasses.replace(event, phase=f"{event.phase} ({label})"))
+
+
+def _rival(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int, opts: PlanOptions,
+           beat_s: float) -> Plan | None:
+    """The winner under `opts`, if it may beat `beat_s`; None when it cannot or finds no plan."""
+    search = functools.partial(_plan_at, graph, costs, cluster, global_batch_size, opts)
+    try:
+        return _auto(graph, search) if opts.granularity == "auto" else search(opts.granularity, beat_s=beat_s)
+    except PlanningError as err:
+        _unless_a_bug(err)
+        return None
 
 
 def _found(best: Plan | None) -> Plan:

@@ -55,7 +55,10 @@ def test_graphpipe_plan_draws_the_planners_phases(monkeypatch: pytest.MonkeyPatc
     assert run_command(plan_cmd, ["plan", "--model", "toy_branches", "--preset", "tiny", "--cluster", "local-cpu",
                                   "--devices", "4", "--batch", "8"]) == 0
     captured = capsys.readouterr()
-    assert {event.phase for event in drawn} == {"stage graphs", "chains", "ranking"}
+    own = {"stage graphs", "chains", "ranking"}
+    rivals = {"chains (rival: sequential)", "ranking (rival: sequential)"} | {
+        f"{phase} (rival: layer level)" for phase in own}
+    assert {event.phase for event in drawn} == own | rivals
     assert "graphpipe: stage graphs 0/4" in captured.err and "graphpipe: stage graphs" not in captured.out
     assert "in-flight" in captured.out
     assert plan_progress.DELAY_S > 0  # by default a quick plan draws nothing

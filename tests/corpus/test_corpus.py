@@ -50,12 +50,17 @@ def test_capture_plan_and_split_equal_the_whole_model(entry: CorpusModel, dtype:
     expected.backward()
     assert _rel(loss, expected.detach()) <= tolerance
     grads = dict(model.named_parameters())
+    largest = max(float(param.grad.norm()) for param in reference.parameters() if param.grad is not None)
+    noise = 1e3 * torch.finfo(dtype).eps * largest  # rounding: what a gradient zero in exact arithmetic shows
     checked = 0
     for name, param in reference.named_parameters():
         if param.grad is None:
             continue
         got = grads[name].grad
         assert got is not None, f"{entry.name}: no gradient for {name}"
+        if float(param.grad.norm()) <= noise:  # a key's bias under softmax: rounding noise on both sides
+            assert float(got.norm()) <= noise, f"{entry.name}: gradient of {name} should be zero"
+            continue
         assert _rel(got, param.grad) <= tolerance, f"{entry.name}: gradient of {name}"
         checked += 1
     assert checked > 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from graphpipe.cli.common import add_model_args, capture_from_args, positive_int, print_json
@@ -10,6 +11,8 @@ from graphpipe.cost.cost_table import CostTable
 from graphpipe.cost.summary import CostSummary, summarize_costs
 from graphpipe.errors import CostError
 from graphpipe.units import format_bytes
+
+NOISY_SPREAD = 0.10  # above this, `profile` warns: on a quiet machine the spread is a few percent
 
 
 def add_parser(subparsers: Any) -> None:
@@ -71,11 +74,19 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         table.save(args.output)
     summary = summarize_costs(table)
+    if table.spread is not None and table.spread > NOISY_SPREAD:
+        print(f"graphpipe profile: warning: the measurements are noisy: the timed runs of an op spread "
+              f"{table.spread:.0%} around their median (above {NOISY_SPREAD:.0%}); other processes were probably "
+              "using the CPU: profile on a quiet machine, or with more --repeats", file=sys.stderr)
     if args.json:
         print_json({**summary.to_dict(), "graph": graph.name, **({"output": args.output} if args.output else {}),
+                    **({"spread": table.spread} if table.spread is not None else {}),
                     **{key: value for key, value in extra.items() if key != "calibration"}})
         return 0
     print(render(summary, table, graph.name))
+    if table.spread is not None:
+        print(f"measurement spread: {table.spread:.1%} (interquartile range of each op's timed runs, summed over "
+              "ops, over the sum of their medians; the largest over the micro-batch sizes)")
     if "calibration" in extra:
         print(f"calibrated device: {extra['calibration']}")
     if args.output:

@@ -53,6 +53,7 @@ class CostTable(JsonFile):
     device: str
     source: str
     entries: Mapping[str, Mapping[int, OpCost]]
+    spread: float | None = None  # a measured table: how much its timed runs disagreed (`cost.profile.Spread`)
 
     def __post_init__(self) -> None:
         for name, per_batch in self.entries.items():
@@ -98,14 +99,14 @@ class CostTable(JsonFile):
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": "graphpipe.costs/1", "device": self.device, "source": self.source,
-                "entries": {op: {str(b): cost.to_dict() for b, cost in sorted(per.items())}
+                **({"spread": self.spread} if self.spread is not None else {}), "entries": {op: {str(b): cost.to_dict() for b, cost in sorted(per.items())}
                             for op, per in self.entries.items()}}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CostTable:
         entries = {op: {int(b): OpCost.from_dict(cost) for b, cost in per.items()}
                    for op, per in data["entries"].items()}
-        return cls(device=data["device"], source=data["source"], entries=entries)
+        return cls(device=data["device"], source=data["source"], entries=entries, spread=data.get("spread"))
 
     def __str__(self) -> str:
         return f"CostTable({self.source} on {self.device}, {len(self.entries)} ops, sizes {self.micro_batch_sizes})"

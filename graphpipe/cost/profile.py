@@ -33,7 +33,7 @@ from graphpipe.cost.flops import trainable_param_bytes
 from graphpipe.errors import CostError
 from graphpipe.graph.op_graph import OpGraph
 
-__all__ = ["OpTimer", "batch_of", "inputs_like", "profile", "tensors_in"]
+__all__ = ["OpTimer", "Spread", "batch_of", "inputs_like", "profile", "tensors_in"]
 
 TIMED_KINDS = frozenset({"call_module", "call_function", "call_method"})
 Inputs = tuple[tuple[Any, ...], dict[str, Any], list[torch.Tensor]]  # args, kwargs, tensors to differentiate
@@ -58,14 +58,39 @@ def profile(graph: OpGraph, model: nn.Module, micro_batch_sizes: Sequence[int], 
     _check_same_ops(graph, gm)
     num_timed = sum(node.op in TIMED_KINDS for node in gm.graph.nodes)
     per_size: dict[int, dict[str, OpCost]] = {}
+    spreads = []
     with _preserved(model, target, num_threads), _progress_bar(len(sizes) * num_timed, progress) as bar:
         timer = OpTimer(target, warmup=warmup, repeats=repeats, skip_storages=_storage_ptrs(model))
         for size in sizes:
             inputs = batch_of(example_inputs, size, target)
+            timer.spread.clear()
             per_size[size] = _OpProfiler(gm, timer, bar, size).profile(inputs)
+            spreads.append(timer.spread.relative())
     entries = {op.name: {size: _with_params(per_size[size][op.name], trainable_param_bytes(op)) for size in sizes}
                for op in graph.ops}
-    return CostTable(device=_device_name(target), source="measured", entries=entries)
+    return CostTable(device=_device_name(target), source="measured", entries=entries, spread=max(spreads))
+
+
+class Spread:
+    """How much the timed runs of the ops disagree: the sum over ops of each op's interquartile range of its
+    forward-plus-backward times, over the sum of their medians. The runs of one op are seconds apart, so
+    another process waking up meanwhile shows here (a quiet machine: a few percent)."""
+
+    def __init__(self) -> None:
+        self.iqr_ms = 0.0
+        self.median_ms = 0.0
+
+    def add(self, times_ms: Sequence[float]) -> None:
+        if len(times_ms) >= 2:
+            low, _, high = statistics.quantiles(times_ms, n=4, method="inclusive")
+            self.iqr_ms += high - low
+        self.median_ms += statistics.median(times_ms)
+
+    def clear(self) -> None:
+        self.iqr_ms = self.median_ms = 0.0
+
+    def relative(self) -> float:
+        return self.iqr_ms / self.median_ms if self.median_ms > 0 else 0.0
 
 
 class OpTimer:
@@ -76,6 +101,7 @@ class OpTimer:
         self.warmup = warmup
         self.repeats = repeats
         self.skip_storages = skip_storages
+        self.spread = Spread()
         self.engine_overhead_ms = self._measure_engine_overhead()
 
     def measure(self, call: Callable[..., Any], make_inputs: Callable[[], Inputs],
@@ -90,6 +116,7 @@ class OpTimer:
                 self._run(call, make_inputs, pick)
             samples = [self._run(call, make_inputs, pick) for _ in range(self.repeats)]
             act_bytes = self._saved_bytes(call, make_inputs)
+        self.spread.add([fwd + bwd for fwd, bwd in samples])
         return (statistics.median(fwd for fwd, _ in samples), statistics.median(bwd for _, bwd in samples),
                 act_bytes)
 

@@ -3,7 +3,9 @@
 Micro-batch m of a stage holds samples [m*b, (m+1)*b) of the mini-batch and this rank
 computes its contiguous share (see `graphpipe.runtime.lowering`). Sends and receives are
 lowered into per-rank-pair pieces; each value crossing an edge is sent as its own tensor,
-values in topological order within a piece. The first time a rank sends a value to a
+values in topological order within a piece. An edge of the plan that carries no tensor (a chain's link
+between stages on different branches), or no gradient back, carries a one-element token instead, so that
+its stages run in the order the schedule and the simulator give them. The first time a rank sends a value to a
 peer rank it sends a small header (dtype and trailing shape) first, so receivers need no
 shape inference; gradients travel without header (the receiver sent the activation).
 
@@ -65,6 +67,7 @@ class StageExecutor:
         self.spec = stage.spec
         self.rank = rank
         self.transport = transport
+        self._token = torch.zeros(1, device=transport.device)  # what an edge without tensors carries
         self.loss_fn = loss_fn
         self.params = tuple(params)
         self.on_step = on_step  # the optimizer step: STEP runs it in its place in the schedule
@@ -231,6 +234,9 @@ class StageExecutor:
     def _send_act(self, message: int, dst_stage: int) -> None:
         values = self.spec.sends.get(dst_stage, ())
         for piece in self._pieces(dst_stage, message):
+            if not values:
+                self.transport.send(self._token, piece.peer_rank)
+                continue
             micro_batch, state = self._state_of_sample(piece.start)
             offset, stop = self._my_rows(micro_batch)
             for name in values:
@@ -243,6 +249,9 @@ class StageExecutor:
     def _recv_act(self, message: int, src_stage: int) -> None:
         values = self.spec.recvs.get(src_stage, ())
         for piece in self._pieces(src_stage, message):
+            if not values:
+                self.transport.recv(self._token.shape, self._token.dtype, piece.peer_rank)
+                continue
             _, state = self._state_of_sample(piece.start)
             for name in values:
                 dtype, trailing, per = self._recv_header(piece.peer_rank, name)
@@ -254,10 +263,11 @@ class StageExecutor:
         for piece in self._pieces(src_stage, message):
             micro_batch, state = self._state_of_sample(piece.start)
             offset, stop = self._my_rows(micro_batch)
-            for name in self.spec.recvs.get(src_stage, ()):
+            names = [name for name in self.spec.recvs.get(src_stage, ()) if state.inputs[name].is_floating_point()]
+            if not names:
+                self.transport.send(self._token, piece.peer_rank)
+            for name in names:
                 value = state.inputs[name]
-                if not value.is_floating_point():
-                    continue
                 per = _rows_per_sample(value, stop - offset, name)
                 grad = value.grad if value.grad is not None else torch.zeros_like(value)
                 self.transport.send(grad[(piece.start - offset) * per:(piece.stop - offset) * per], piece.peer_rank)
@@ -266,10 +276,11 @@ class StageExecutor:
         for piece in self._pieces(dst_stage, message):
             micro_batch, state = self._state_of_sample(piece.start)
             offset, stop = self._my_rows(micro_batch)
-            for name in self.spec.sends.get(dst_stage, ()):
-                value = state.outputs.get(name)
-                if not isinstance(value, torch.Tensor) or not value.is_floating_point():
-                    continue
+            names = [name for name in self.spec.sends.get(dst_stage, ()) if _has_grad(state.outputs.get(name))]
+            if not names:
+                self.transport.recv(self._token.shape, self._token.dtype, piece.peer_rank)
+            for name in names:
+                value = state.outputs[name]
                 per = _rows_per_sample(value, stop - offset, name)
                 shape = ((piece.stop - piece.start) * per, *value.shape[1:])
                 grad = self.transport.recv(shape, value.dtype, piece.peer_rank)
@@ -316,6 +327,11 @@ class StageExecutor:
             header = self.transport.recv((_HEADER_LEN,), torch.int64, peer).cpu().tolist()
             self._known[(peer, name)] = (_DTYPES[header[0]], tuple(header[2:2 + header[1]]), header[-1])
         return self._known[(peer, name)]
+
+
+def _has_grad(value: Any) -> bool:
+    """Whether a crossing value sends a gradient back (a floating-point tensor)."""
+    return isinstance(value, torch.Tensor) and value.is_floating_point()
 
 
 def _rows(value: Any, start: int, stop: int, axis: int | None = 0) -> Any:

@@ -21,6 +21,16 @@ def test_measured_profile_writes_the_table(tmp_path: Path, capsys: pytest.Captur
     assert "measured on cpu" in text and "costliest ops at micro-batch 2" in text and "calibrated device" in text
     table = CostTable.load(str(out))
     assert table.source == "measured" and table.micro_batch_sizes == (1, 2)
+    assert "measurement spread: " in text and table.spread is not None
+
+
+def test_noisy_measurements_are_said_on_stderr(monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(profile_cmd, "NOISY_SPREAD", -1.0)  # any spread is too much
+    argv = ["profile", "--model", "toy_chain", "--micro-batch-sizes", "1", "--repeats", "3", "--warmup", "0",
+            "--no-progress"]
+    assert run_command(profile_cmd, argv) == 0
+    assert "warning: the measurements are noisy" in capsys.readouterr().err
 
 
 def test_analytic_json_summary(capsys: pytest.CaptureFixture[str]) -> None:

@@ -116,6 +116,18 @@ def test_round_trip(measured, tmp_path) -> None:
     path = str(tmp_path / "measured.json")
     table.save(path)
     assert CostTable.load(path).entries == table.entries
+    assert CostTable.load(path).spread == table.spread is not None and table.spread >= 0
+
+
+def test_the_spread_is_the_summed_interquartile_range_over_the_summed_medians() -> None:
+    from graphpipe.cost.profile import Spread
+
+    spread = Spread()
+    spread.add([1.0, 1.0, 1.0, 1.0, 1.0])  # quiet: no spread
+    spread.add([2.0, 2.0, 3.0, 4.0, 4.0])  # quartiles 2 and 4 around a median of 3
+    assert spread.relative() == pytest.approx(2.0 / 4.0)
+    spread.clear()
+    assert spread.relative() == 0.0
 
 
 def test_batch_of_slices_and_repeats() -> None:

@@ -49,7 +49,7 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from graphpipe.runtime.launch import launch
-    from graphpipe.train import cuda_devices_problem, train_args_problem
+    from graphpipe.train import cuda_devices_problem, simulation_calibrated, train_args_problem
 
     problem = train_args_problem(args) or _nothing_to_resume(args) or cuda_devices_problem(args.nproc)
     if problem:
@@ -65,11 +65,16 @@ def run(args: argparse.Namespace) -> int:
         if result.returncode != 0:
             raise TrainingError(result.describe())
         rows = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
+    calibrated = simulation_calibrated(plan)
     if args.json:
         print_json({"plan": str(args.plan or "planned"), "planner": plan.planner, "num_stages": plan.num_stages,
-                    "world_size": plan.world_size, "steps": rows})
+                    "world_size": plan.world_size, "simulation_calibrated": calibrated, "steps": rows})
     else:
-        print(render_metrics(rows))
+        print(render_metrics(rows, calibrated))
+        if not calibrated and rows:
+            device = (plan.cluster or {}).get("device", {}).get("name", "?")
+            print(f"sim ms: uncalibrated: the plan's costs model a {device} device's ops, not this machine's "
+                  "per-action overheads, transport and shared cores (`graphpipe simulate` prints what they give)")
     return 0
 
 
@@ -195,13 +200,14 @@ def _plan_now(args: argparse.Namespace, path: Path) -> str:
     return str(path)
 
 
-def render_metrics(rows: list[dict[str, Any]]) -> str:
-    """One line per step: loss, samples/s, measured and simulated iteration time, peak memory."""
+def render_metrics(rows: list[dict[str, Any]], calibrated: bool = True) -> str:
+    """One line per step: loss, samples/s, measured and simulated iteration time (`uncal.` where the simulated
+    machine is not calibrated to this one: `graphpipe.train.simulation_calibrated`), peak memory."""
     head = f"{'step':>5} {'loss':>10} {'samples/s':>10} {'iter ms':>9} {'sim ms':>8} {'peak/rank (max)':>16}"
     lines = [head]
     for row in rows:
         sim = row.get("simulated_iteration_s")
-        sim_text = f"{sim * 1e3:8.1f}" if sim else f"{'-':>8}"
+        sim_text = f"{'uncal.':>8}" if not calibrated else f"{sim * 1e3:8.1f}" if sim else f"{'-':>8}"
         peak = max(row.get("peak_memory_bytes") or [0])
         lines.append(f"{row['step']:>5} {row['loss']:>10.5g} {row['samples_per_s']:>10.1f} "
                      f"{row['iteration_s'] * 1e3:>9.1f} {sim_text} {format_bytes(peak):>16}")

@@ -36,6 +36,13 @@ class Device:
     bwd_action_overhead_us: float = 0.0
     step_overhead_us: float = 0.0  # fixed cost of one optimizer step (on top of streaming the state)
 
+    @property
+    def host_calibrated(self) -> bool:
+        """Whether the host costs a per-op model misses were measured (`benchmarks/runtime`): per-action and
+        optimizer-step overheads. No preset has them, so a simulation of a preset device is of a model of
+        that device, not of the machine it runs on."""
+        return max(self.fwd_action_overhead_us, self.bwd_action_overhead_us, self.step_overhead_us) > 0
+
     def __post_init__(self) -> None:
         if min(self.peak_tflops, self.mem_bandwidth_gb_per_s) <= 0 or self.memory_bytes <= 0:
             raise ClusterError(f"device {self.name!r}: throughput, bandwidth and memory must be positive")

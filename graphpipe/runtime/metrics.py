@@ -18,20 +18,23 @@ class StepMetrics:
     samples_per_s: float
     simulated_iteration_s: float | None  # the simulator's prediction for the plan, if it could run
     peak_memory_bytes: tuple[int, ...]  # per rank
+    simulation_calibrated: bool = False  # the simulated machine's host costs were measured (`Device.host_calibrated`)
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "loss": self.loss, "iteration_s": self.iteration_s,
                 "samples_per_s": self.samples_per_s, "simulated_iteration_s": self.simulated_iteration_s,
-                "peak_memory_bytes": list(self.peak_memory_bytes)}
+                "simulation_calibrated": self.simulation_calibrated, "peak_memory_bytes": list(self.peak_memory_bytes)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepMetrics:
         return cls(step=data["step"], loss=data["loss"], iteration_s=data["iteration_s"],
                    samples_per_s=data["samples_per_s"], simulated_iteration_s=data.get("simulated_iteration_s"),
-                   peak_memory_bytes=tuple(data.get("peak_memory_bytes", ())))
+                   peak_memory_bytes=tuple(data.get("peak_memory_bytes", ())),
+                   simulation_calibrated=bool(data.get("simulation_calibrated", False)))
 
     def short(self) -> str:
-        sim = f" sim {self.simulated_iteration_s * 1e3:.1f} ms" if self.simulated_iteration_s else ""
+        sim = f" sim {self.simulated_iteration_s * 1e3:.1f} ms" \
+            if self.simulated_iteration_s and self.simulation_calibrated else ""
         return (f"loss {self.loss:.4g} | {self.samples_per_s:.1f} samples/s | {self.iteration_s * 1e3:.1f} ms"
                 f"{sim} | peak {max(self.peak_memory_bytes, default=0) / 2**20:.0f} MiB")
 

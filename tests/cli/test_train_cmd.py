@@ -58,3 +58,20 @@ def test_a_plan_for_another_config_is_refused_before_any_worker_starts(tmp_path:
     assert "\n" not in message
     assert "(--set width=16 here, width=8 in the plan)" in message
     assert "stem.0.weight 8x8" in message and "stem.0.weight 16x16" in message
+
+
+def test_a_simulation_of_a_preset_device_is_said_uncalibrated(planned: Path) -> None:
+    """The presets model a device's ops, not this machine's per-action overheads: the table prints `uncal.`
+    instead of a number, unless the plan's device had them measured."""
+    from graphpipe.cost.cluster import Cluster
+    from graphpipe.train import simulation_calibrated
+
+    plan = Plan.load(str(planned))
+    rows = [{"step": 1, "loss": 1.0, "samples_per_s": 100.0, "iteration_s": 0.01, "simulated_iteration_s": 0.005,
+             "peak_memory_bytes": [2**20]}]
+    assert not simulation_calibrated(plan)
+    assert "uncal." in train_cmd.render_metrics(rows, calibrated=False).splitlines()[1]
+    cluster = Cluster.from_dict(plan.cluster)
+    measured = dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, fwd_action_overhead_us=80.0))
+    assert simulation_calibrated(dataclasses.replace(plan, cluster=measured.to_dict()))
+    assert "     5.0" in train_cmd.render_metrics(rows, calibrated=True).splitlines()[1]

@@ -98,8 +98,9 @@ class CostTable(JsonFile):
         return _blend(per_batch[lo], per_batch[hi], (batch - lo) / (hi - lo))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": "graphpipe.costs/1", "device": self.device, "source": self.source,
-                **({"spread": self.spread} if self.spread is not None else {}), "entries": {op: {str(b): cost.to_dict() for b, cost in sorted(per.items())}
+        spread = {"spread": self.spread} if self.spread is not None else {}
+        return {"format": "graphpipe.costs/1", "device": self.device, "source": self.source, **spread,
+                "entries": {op: {str(b): cost.to_dict() for b, cost in sorted(per.items())}
                             for op, per in self.entries.items()}}
 
     @classmethod

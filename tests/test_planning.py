@@ -173,3 +173,19 @@ def test_graphpipe_keeps_the_chain_where_it_simulates_faster() -> None:
     assert best.predicted_iteration_s <= chain.predicted_iteration_s
     assert any(note.startswith("kept the sequential planner's chain") for note in best.notes), best.notes
     assert plan(graph, costs, cluster, 131072).predicted_iteration_s <= best.predicted_iteration_s
+
+
+@pytest.mark.parametrize("num_devices", [4, 8])
+def test_op_level_is_never_slower_than_layer_level_on_a_model_with_layers(num_devices: int) -> None:
+    """Every layer-level plan is an op-level plan; the op-level search keeps the best TPS per size, so it meets
+    the layer-level winner as a rival."""
+    from graphpipe.cost.analytic import analytic_costs
+    from graphpipe.cost.presets import cluster_preset
+    from graphpipe.graph.capture import capture
+    from graphpipe.models import load_model
+
+    zoo = load_model("transformer", "tiny")
+    graph = capture(zoo.model, zoo.inputs, name="transformer")
+    costs, cluster = analytic_costs(graph, "v100-16gb"), cluster_preset("summit", num_devices)
+    layer = plan(graph, costs, cluster, 64, granularity="layer")
+    assert plan(graph, costs, cluster, 64).predicted_iteration_s <= layer.predicted_iteration_s

@@ -71,7 +71,8 @@ def _required_pairs(graph: OpGraph, names: list[str]) -> list[tuple[str, str]]:
 
 def _write_pairs(graph: OpGraph) -> list[tuple[str, str]]:
     """An in-place op on a computed tensor that is not replicated, with the views it writes through and
-    with every later op that reads the tensor or a view of it (`graphpipe.graph.mutation`)."""
+    with every later op that reads the tensor or a view of it other than through the op itself (those read
+    its value along a data edge: `relu_`'s next layer may sit in another stage; `graphpipe.graph.mutation`)."""
     ops = graph.ops
     changes = {op: chain for op, chain in op_changes(ops).items() if not graph.op(op).replicated
                and graph.op(chain[-1]).kind not in FREE_KINDS}
@@ -84,8 +85,10 @@ def _write_pairs(graph: OpGraph) -> list[tuple[str, str]]:
     pairs: list[tuple[str, str]] = []
     for writer, chain in changes.items():
         pairs += [(writer, view) for view in chain if not graph.op(view).replicated]
-        aliases = views_of((chain[-1],), first_readers, lambda name: op_base_name(graph.op(name)),
-                           lambda name: is_mutating(graph.op(name)))
+        others = {root: [reader for reader in readers if reader != writer] for root, readers in first_readers.items()}
+        aliases = views_of((chain[-1],), others, lambda name: op_base_name(graph.op(name)),
+                           lambda name: is_mutating(graph.op(name)))  # not through the writer: its readers have
+        # a data edge from it
         later = {reader for alias in aliases for reader in graph.successors(alias)
                  if graph.index(reader) > graph.index(writer) and not graph.op(reader).replicated}
         pairs += [(writer, reader) for reader in sorted(later, key=graph.index)]

@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 FORMAT = "graphpipe.paper-benchmark/2"
 SEQUENTIAL_PLANNERS = ("pipedream", "piper", "sequential")  # plans whose stage graph is a chain
 SPEEDUP_TOLERANCE = 1e-6  # relative; below this a graphpipe plan counts as slower than a sequential one
-REGIMES = {"paper_regime": "paper regime", "scaling": "small regime"}  # experiment -> what its mini-batch is
+REGIMES = {"paper_regime": "capped regime", "scaling": "small regime"}  # experiment -> what its mini-batch is
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -732,7 +732,7 @@ def _num(value: Any, spec: str = ",.0f") -> str:
 
 
 TABLES: dict[str, tuple[str, Callable[[Sequence[Run], Setup], str]]] = {
-    "paper_regime": ("Paper regime: throughput vs devices at the largest mini-batch that fits, at most {cap:,} "
+    "paper_regime": ("Capped regime: throughput vs devices at the largest mini-batch that fits, at most {cap:,} "
                      "({granularity} granularity; samples/s, simulated)", paper_regime_table),
     "scaling": ("Small regime: throughput vs devices at {per_device} samples per device ({granularity} granularity; "
                 "samples/s, simulated)", scaling_table),
@@ -794,7 +794,7 @@ def _log2_x(ax: Any, ticks: Sequence[int]) -> None:
 
 
 def plot_scaling(runs: Sequence[Run], setup: Setup, model: str, path: Path) -> Path:
-    """samples/s vs devices per planner: the paper regime solid, the small regime dashed, in one colour each."""
+    """samples/s vs devices per planner: the capped regime solid, the small regime dashed, in one colour each."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4.5))
@@ -806,7 +806,7 @@ def plot_scaling(runs: Sequence[Run], setup: Setup, model: str, path: Path) -> P
             ax.plot(*(zip(*points) if points else ([], [])), style, color=f"C{i}", marker="o", label=label)
     _log2_x(ax, setup.device_counts)
     batches = sorted({r.global_batch_size for r in runs if r.experiment == "paper_regime" and r.model == model})
-    ax.set_xlabel(f"devices ({setup.cluster}); mini-batch: paper regime {'/'.join(f'{b:,}' for b in batches)}, "
+    ax.set_xlabel(f"devices ({setup.cluster}); mini-batch: capped regime {'/'.join(f'{b:,}' for b in batches)}, "
                   f"small regime {setup.batch_per_device} x devices", fontsize=8)
     ax.set_ylabel("samples/s (simulated)")
     ax.set_yscale("log")
@@ -1050,7 +1050,7 @@ def num_compared(runs: Sequence[dict[str, Any]]) -> int:
 
 
 def headline_markdown(results: dict[str, Any]) -> str:
-    """The 32-device tables of the top-level README (paper regime, then small), with how to regenerate them."""
+    """The 32-device tables of the top-level README (capped regime, then small), with how to regenerate them."""
     head, setup = results.get("headline"), results.get("setup", {})
     head = head if isinstance(head, dict) else {}  # format 1 kept a list: no regimes
     paper, small = head.get("paper_regime", []), head.get("scaling", [])
@@ -1066,9 +1066,10 @@ def headline_markdown(results: dict[str, Any]) -> str:
                    _ratio_at(h)] for h in small]
     parts = [f"Simulated training throughput at {n} V100s (Summit model, analytic costs, 1F1B, {granularity} "
              "granularity for every planner), samples/s (depth of graphpipe's and of the best sequential plan).",
-             f"**Paper regime**: the largest power-of-two mini-batch at which the best sequential plan fits in "
+             f"**Capped regime**: the largest power-of-two mini-batch at which the best sequential plan fits in "
              f"device memory, found by doubling from {setup.get('batch_per_device', 8)} samples per device and "
-             f"capped at {setup.get('batch_cap', 0):,} (how, and why the cap: README.md):",
+             f"capped at {setup.get('batch_cap', 0):,}; under 1F1B every mini-batch fits, so the cap ends the "
+             "doubling: this is not the paper's rule, the mini-batch whose activations fit (README.md):",
              markdown([*header, f"small regime ({setup.get('batch_per_device', 8)} per device)", "paper"],
                       paper_rows) if paper else "(not run)",
              f"**Small regime**: {setup.get('batch_per_device', 8)} samples per device:",

@@ -1,0 +1,265 @@
+"""Does the simulator rank plans as this machine runs them? Candidate plans of three models on 2 ranks.
+
+    .venv/bin/python benchmarks/sim_ranking/run.py                   # results.json and a table per model
+    .venv/bin/python benchmarks/sim_ranking/run.py --models mmt --rounds 3
+
+Per model (the zoo's tiny presets, widened as in `benchmarks/runtime`, mini-batch 32):
+
+1. Calibrate, as `benchmarks/runtime` does: profile every op on one thread and fit the `cpu` device to it,
+   measure the gloo loopback link (ping-pong), the executor's per-action overheads and the optimizer step.
+2. Candidates: the best plans of the `graphpipe` and `sequential` planners for 2 devices at each micro-batch
+   size 1-16 on its own (`plan_candidates`, a shallower alternative per size included), deduplicated, and the
+   whole model data parallel on both ranks at micro-batches 2-16.
+3. Simulate each with everything calibrated (measured op costs, per-action overheads, the measured link,
+   2 cores shared by the ranks, the loss all-reduce after the schedule: `bench_runtime.predict`).
+4. Measure: 2 gloo ranks, one thread each (2 cores: no oversubscription), every candidate trained with Adam,
+   `--rounds` rounds of `--iters` iterations, the candidates interleaved within each round so that machine
+   noise hits each alike; the median over rounds.
+
+Reported: per plan the simulated and measured iteration and the error; per model the median |error|, the
+rank agreement of the two orders (Kendall's tau) and whether the simulator's fastest plan is the measured
+fastest, or within the measured spread of it. Run it on a quiet machine: it times the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "runtime"))
+
+from bench_runtime import TERMS, calibrated_device, cpu_snapshot, predict  # noqa: E402
+from calibrate_host import measure_executor_overheads, measure_link, measure_overheads  # noqa: E402
+
+from graphpipe.stages.stage_graph import Plan  # noqa: E402
+
+WORLD, BATCH = 2, 32
+SIZES = (1, 2, 4, 8, 16)
+MOST_CANDIDATES = 8
+MODELS: dict[str, dict[str, Any]] = {
+    "mmt": {"num_branches": 2, "num_layers": 2, "hidden": 64, "ffn_hidden": 256, "seq_len": 32},
+    "transformer": {"num_layers": 4, "hidden": 64, "ffn_hidden": 256, "seq_len": 32},
+    "candle_uno": {},
+}
+
+
+# ---- calibration and candidates (parent process) -------------------------------------------------
+def prepare(name: str, link: dict[str, float]) -> dict[str, Any]:
+    from graphpipe.cost.analytic import analytic_costs
+    from graphpipe.cost.calibrate import fit_device
+    from graphpipe.cost.cluster import Cluster, Link
+    from graphpipe.cost.profile import profile
+    from graphpipe.graph.capture import capture
+    from graphpipe.models import load_model
+    from graphpipe.planning import plan
+
+    zoo = load_model(name, "tiny", batch_size=BATCH, **MODELS[name])
+    graph = capture(zoo.model, zoo.inputs)
+    measured = profile(graph, zoo.model, SIZES, example_inputs=zoo.inputs, num_threads=1, progress=False)
+    fit = fit_device(graph, measured)
+    costs = analytic_costs(graph, fit.device, micro_batch_sizes=SIZES)
+    loopback = Link(name="gloo-loopback-measured", latency_us=link["latency_us"],
+                    bandwidth_gb_per_s=link["bandwidth_gb_per_s"])
+    plain = dataclasses.replace(Cluster.preset("local-cpu", WORLD), device=fit.device, cores_per_node=None)
+    probe = plan(graph, costs, plain, BATCH, planner="sequential", micro_batch_sizes=[8])
+    overheads = measure_overheads(zoo.model, zoo.inputs, zoo.targets, zoo.loss_fn, probe, measured, 8)
+    whole = plan(graph, costs, plain.with_devices(1), BATCH, planner="sequential", micro_batch_sizes=[1])
+    overheads["executor"] = measure_executor_overheads(
+        load_model(name, "tiny", batch_size=BATCH, seed=0, **MODELS[name]).model, zoo.inputs, zoo.targets,
+        zoo.loss_fn, whole, measured)
+    cluster = dataclasses.replace(plain, device=calibrated_device(fit.device, overheads), intra_node=loopback,
+                                  inter_node=loopback, cores_per_node=os.cpu_count() or 1)
+    tables = {"measured": measured, "fitted": costs}
+    rows = [{"plan": candidate.to_dict(), "label": label(candidate),
+             "simulated_s": predict(candidate, tables, cluster, fit.device, TERMS)}
+            for candidate in candidates(graph, costs, plain)]
+    return {"model": name, "options": MODELS[name], "calibration": str(fit), "cluster": cluster.to_dict(),
+            "overheads": overheads, "candidates": rows}
+
+
+def candidates(graph: Any, costs: Any, cluster: Any) -> list[Plan]:
+    """Distinct plans of both planners over the micro-batch sizes, best TPS first, at most MOST_CANDIDATES
+    (the first per stage count and micro-batch size before the rest, so that the set spans both)."""
+    from graphpipe.planner.api import plan_candidates
+
+    found: dict[Any, Plan] = {}
+    for planner in ("graphpipe", "sequential"):
+        for size in SIZES:
+            for plan in plan_candidates(graph, costs, cluster, BATCH, planner=planner, micro_batch_sizes=[size],
+                                        every_size=True):
+                key = tuple((stage.ops, stage.ranks, stage.micro_batch_size) for stage in plan.stages)
+                found.setdefault(key, plan)
+    one_stage = plan_candidates(graph, costs, cluster.with_devices(1), BATCH, planner="sequential",
+                                micro_batch_sizes=[size for size in SIZES if size >= WORLD], every_size=True)
+    for plan in one_stage:  # data parallel: the whole model on both ranks
+        stage = dataclasses.replace(plan.stages[0], ranks=tuple(range(WORLD)))
+        found.setdefault(("data parallel", stage.micro_batch_size),
+                         dataclasses.replace(plan, stages=(stage,), num_devices=WORLD))
+    ranked = sorted(found.values(), key=lambda p: p.predicted_tps_ms)
+    kinds: dict[Any, Plan] = {}
+    for plan in ranked:
+        kinds.setdefault((plan.num_stages, plan.depth, plan.stages[0].micro_batch_size), plan)
+    chosen = list(kinds.values())[:MOST_CANDIDATES]
+    chosen += [plan for plan in ranked if plan not in chosen][:MOST_CANDIDATES - len(chosen)]
+    return chosen
+
+
+def label(plan: Plan) -> str:
+    sizes = "/".join(str(s) for s in sorted({stage.micro_batch_size for stage in plan.stages}))
+    ranks = "+".join(str(len(stage.ranks)) for stage in plan.stages)
+    return f"{plan.num_stages} stage(s), depth {plan.depth}, ranks {ranks}, micro-batch {sizes}"
+
+
+# ---- ranks --------------------------------------------------------------------------------------
+def _runners(item: dict[str, Any]) -> list[Any]:
+    from graphpipe.models import load_model
+    from graphpipe.runtime.trainer import PipelineTrainer
+    from graphpipe.train import shuffled_batch
+
+    zoo = load_model(item["model"], "tiny", batch_size=BATCH, seed=0, **MODELS[item["model"]])
+    inputs, targets = shuffled_batch(zoo, 0, 0)
+    runners = []
+    for row in item["candidates"]:
+        model = load_model(item["model"], "tiny", batch_size=BATCH, seed=0, **MODELS[item["model"]]).model
+        trainer = PipelineTrainer(model, Plan.from_dict(row["plan"]), loss_fn=zoo.loss_fn, schedule="1f1b",
+                                  optimizer=lambda ps: torch.optim.Adam(ps, lr=1e-4))
+        runners.append(lambda t=trainer: t.step(inputs, targets))
+    return runners
+
+
+def _rank_main(rank: int, port: int, prepared: list[dict[str, Any]], rounds: int, iters: int, out: Any) -> None:
+    torch.set_num_threads(1)
+    try:
+        store = dist.TCPStore("127.0.0.1", port, WORLD + 1, is_master=False, timeout=timedelta(seconds=120))
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD, timeout=timedelta(seconds=120))
+        pids: list[Any] = [None] * WORLD
+        dist.all_gather_object(pids, os.getpid())
+        for item in prepared:
+            runners = _runners(item)
+            for run in runners:  # warm-up
+                run()
+                run()
+            times: list[list[float]] = [[] for _ in runners]
+            other: list[list[float]] = [[] for _ in runners]
+            for _ in range(rounds):
+                for idx, run in enumerate(runners):
+                    dist.barrier()
+                    busy, ours = cpu_snapshot(pids) if rank == 0 else (0.0, 0.0)
+                    start = time.perf_counter()
+                    for _ in range(iters):
+                        run()
+                    dist.barrier()
+                    wall = time.perf_counter() - start
+                    times[idx].append(wall / iters)
+                    if rank == 0:
+                        busy_end, ours_end = cpu_snapshot(pids)
+                        cpus = os.cpu_count() or 1
+                        other[idx].append(max(0.0, (busy_end - busy) - (ours_end - ours)) / (wall * cpus))
+            if rank == 0:
+                out.put(("times", item["model"], {"times": times, "other": other}))
+        dist.destroy_process_group()
+    except BaseException:
+        out.put(("error", rank, traceback.format_exc()))
+    out.put(("done", rank, None))
+
+
+def measure(prepared: list[dict[str, Any]], rounds: int, iters: int) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    store = dist.TCPStore("127.0.0.1", 0, WORLD + 1, is_master=True, wait_for_workers=False)
+    queue: Any = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(r, store.port, prepared, rounds, iters, queue)) for r in range(WORLD)]
+    for proc in procs:
+        proc.start()
+    results: dict[str, Any] = {}
+    done = 0
+    while done < WORLD:
+        kind, key, payload = queue.get(timeout=1800)
+        if kind == "error":
+            raise RuntimeError(f"rank {key} failed:\n{payload}")
+        if kind == "times":
+            results[key] = payload
+        done += kind == "done"
+    for proc in procs:
+        proc.join()
+    return results
+
+
+# ---- report -------------------------------------------------------------------------------------
+def kendall_tau(first: list[float], second: list[float]) -> float:
+    """Rank agreement of two orders of the same items: +1 the same order, -1 reversed (ties count 0)."""
+    pairs = [(i, j) for i in range(len(first)) for j in range(i + 1, len(first))]
+    if not pairs:
+        return 1.0
+    signs = [((first[i] > first[j]) - (first[i] < first[j])) * ((second[i] > second[j]) - (second[i] < second[j]))
+             for i, j in pairs]
+    return sum(signs) / len(pairs)
+
+
+def summarise(item: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
+    rows = []
+    for row, seconds, other in zip(item["candidates"], measured["times"], measured["other"]):
+        median = statistics.median(seconds)
+        rows.append({"label": row["label"], "simulated_ms": row["simulated_s"] * 1e3, "measured_ms": median * 1e3,
+                     "measured_min_ms": min(seconds) * 1e3, "measured_max_ms": max(seconds) * 1e3,
+                     "error": row["simulated_s"] / median - 1, "other_load": other, "plan": row["plan"]})
+    simulated = [r["simulated_ms"] for r in rows]
+    actual = [r["measured_ms"] for r in rows]
+    sim_best = min(range(len(rows)), key=simulated.__getitem__)
+    real_best = min(range(len(rows)), key=actual.__getitem__)
+    return {"model": item["model"], "options": item["options"], "calibration": item["calibration"],
+            "cluster": item["cluster"], "rows": rows,
+            "median_abs_error": statistics.median(abs(r["error"]) for r in rows),
+            "kendall_tau": kendall_tau(simulated, actual),
+            "simulated_fastest": rows[sim_best]["label"], "measured_fastest": rows[real_best]["label"],
+            "fastest_agrees": sim_best == real_best
+            or rows[sim_best]["measured_ms"] <= rows[real_best]["measured_max_ms"]}
+
+
+def render(summary: dict[str, Any]) -> str:
+    lines = [f"{summary['model']}: median |error| {summary['median_abs_error']:.0%}, Kendall's tau "
+             f"{summary['kendall_tau']:+.2f}, simulator's fastest is the measured fastest (or within its spread): "
+             f"{'yes' if summary['fastest_agrees'] else 'no'}",
+             f"  {'plan':48} {'simulated ms':>12} {'measured ms (median [min, max])':>32} {'error':>7}"]
+    for row in summary["rows"]:
+        spread = f"{row['measured_ms']:.2f} [{row['measured_min_ms']:.2f}, {row['measured_max_ms']:.2f}]"
+        lines.append(f"  {row['label']:48} {row['simulated_ms']:>12.2f} {spread:>32} {row['error']:>+7.0%}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--out", default=str(HERE / "results.json"))
+    args = parser.parse_args()
+    link = measure_link()
+    print(f"loopback: {link['latency_us']:.0f} us one way, {link['bandwidth_gb_per_s']:.2f} GB/s", flush=True)
+    prepared = []
+    for name in args.models.split(","):
+        prepared.append(prepare(name, link))
+        print(f"{name}: {prepared[-1]['calibration']}; {len(prepared[-1]['candidates'])} candidates", flush=True)
+    measured = measure(prepared, args.rounds, args.iters)
+    summaries = [summarise(item, measured[item["model"]]) for item in prepared]
+    for summary in summaries:
+        print(render(summary))
+    Path(args.out).write_text(json.dumps({"world_size": WORLD, "batch": BATCH, "rounds": args.rounds,
+                                          "iters": args.iters, "link": link, "models": summaries}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -31,8 +31,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 FORMAT = "graphpipe.paper-benchmark/2"
 SEQUENTIAL_PLANNERS = ("pipedream", "piper", "sequential")  # plans whose stage graph is a chain
+RULE_MAX_BATCH = 2**20  # the paper's rule gives at most 524,288 here (dlrm and candle_uno at 32 devices)
 SPEEDUP_TOLERANCE = 1e-6  # relative; below this a graphpipe plan counts as slower than a sequential one
-REGIMES = {"paper_regime": "capped regime", "scaling": "small regime"}  # experiment -> what its mini-batch is
+# experiment -> what its mini-batch is
+REGIMES = {"paper_rule": "paper's rule", "paper_regime": "capped regime", "scaling": "small regime"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -174,7 +176,7 @@ class Workload:
         if key not in self._cache:
             zoo = load_model(model, self.setup.preset, device="meta", **overrides)
             graph = capture(zoo.model, zoo.inputs)
-            sizes = _powers_of_two(max(512, self.setup.max_batch))  # costed, not extrapolated, up to any batch
+            sizes = _powers_of_two(max(512, self.setup.max_batch, RULE_MAX_BATCH))  # costed, not extrapolated
             self._cache[key] = (graph, analytic_costs(graph, self.setup.device, micro_batch_sizes=sizes))
         return self._cache[key]
 
@@ -303,6 +305,31 @@ def paper_regime(work: Workload, progress: Progress) -> list[Run]:
     return runs
 
 
+def paper_rule(work: Workload, progress: Progress) -> list[Run]:
+    """The paper's rule: every planner at the mini-batch whose activations fit on the devices (`rule_mini_batch`)."""
+    s = work.setup
+    runs = []
+    for model in s.models:
+        for n in s.device_counts:
+            batch = rule_mini_batch(work, model, n)
+            runs += [_logged(progress, work.run("paper_rule", model, n, batch, p, granularity=s.granularity))
+                     for p in s.planners]
+    return runs
+
+
+def rule_mini_batch(work: Workload, model: str, num_devices: int) -> int:
+    """The largest power of two whose activations, spread evenly over the devices, fit in their memory:
+    n x device memory / activation bytes of one sample (the analytic costs at one sample: every activation an op
+    keeps for its backward). For mmt at 8 V100s of 16 GiB, 640 MiB a sample, that is 128, as the paper states."""
+    from graphpipe.cost.presets import cluster_preset
+
+    graph, costs = work.graph_and_costs(model, {})
+    per_sample = sum(costs.at(op, 1).act_bytes for op in graph.names)
+    memory = cluster_preset(work.setup.cluster, num_devices).device.memory_bytes
+    fitting = max(1, num_devices * memory // max(per_sample, 1))
+    return 1 << (int(fitting).bit_length() - 1)
+
+
 def find_mini_batch(work: Workload, model: str, num_devices: int) -> dict[str, Any]:
     """The paper's rule: double the small regime's mini-batch while the best sequential plan fits, up to the cap.
 
@@ -399,9 +426,9 @@ def sequential_model(work: Workload, progress: Progress) -> list[Run]:
 # The headline experiments (scaling, paper_regime, batch) run at `Setup.granularity`, op_level at op level; the
 # others at op level (the planners' default), where the case study's cuts inside a layer are possible.
 EXPERIMENTS: dict[str, Callable[[Workload, Progress], list[Run]]] = {
-    "scaling": scaling, "paper_regime": paper_regime, "op_level": op_level, "batch": batch_sweep,
-    "ablation": ablation, "branches": branch_sweep, "micro_batch": micro_batch_sweep, "case_study": case_study,
-    "transformer": sequential_model,
+    "paper_rule": paper_rule, "scaling": scaling, "paper_regime": paper_regime, "op_level": op_level,
+    "batch": batch_sweep, "ablation": ablation, "branches": branch_sweep, "micro_batch": micro_batch_sweep,
+    "case_study": case_study, "transformer": sequential_model,
 }
 
 
@@ -504,6 +531,10 @@ def scaling_table(runs: Sequence[Run], setup: Setup, experiment: str = "scaling"
 
 def paper_regime_table(runs: Sequence[Run], setup: Setup) -> str:
     return scaling_table(runs, setup, "paper_regime")
+
+
+def paper_rule_table(runs: Sequence[Run], setup: Setup) -> str:
+    return scaling_table(runs, setup, "paper_rule")
 
 
 def _groups(runs: Sequence[Run], setup: Setup, experiment: str) -> list[tuple[str, int, list[Run]]]:
@@ -732,6 +763,8 @@ def _num(value: Any, spec: str = ",.0f") -> str:
 
 
 TABLES: dict[str, tuple[str, Callable[[Sequence[Run], Setup], str]]] = {
+    "paper_rule": ("Paper's rule: throughput vs devices at the largest power-of-two mini-batch whose activations fit "
+                   "on the devices ({granularity} granularity; samples/s, simulated)", paper_rule_table),
     "paper_regime": ("Capped regime: throughput vs devices at the largest mini-batch that fits, at most {cap:,} "
                      "({granularity} granularity; samples/s, simulated)", paper_regime_table),
     "scaling": ("Small regime: throughput vs devices at {per_device} samples per device ({granularity} granularity; "
@@ -1053,19 +1086,28 @@ def headline_markdown(results: dict[str, Any]) -> str:
     """The 32-device tables of the top-level README (capped regime, then small), with how to regenerate them."""
     head, setup = results.get("headline"), results.get("setup", {})
     head = head if isinstance(head, dict) else {}  # format 1 kept a list: no regimes
-    paper, small = head.get("paper_regime", []), head.get("scaling", [])
-    if not paper and not small:
-        return "(no paper_regime or scaling runs in results.json)\n"
+    rule, paper, small = head.get("paper_rule", []), head.get("paper_regime", []), head.get("scaling", [])
+    if not rule and not paper and not small:
+        return "(no paper_rule, paper_regime or scaling runs in results.json)\n"
     n, granularity = head["num_devices"], setup.get("granularity", "layer")
-    planners = list(setup.get("planners", (paper or small)[0]["samples_per_s"]))
+    planners = list(setup.get("planners", (rule or paper or small)[0]["samples_per_s"]))
     small_ratio = {h["model"]: _ratio_at(h) for h in small}
+    capped_ratio = {h["model"]: _ratio_at(h) for h in paper}
     header = ["model", "mini-batch", *planners, "graphpipe / best sequential"]
+    rule_rows = [[h["model"], f"{h['global_batch_size']:,}", *[_headline_cell(h, p) for p in planners],
+                  _ratio_at(h), capped_ratio.get(h["model"], "-"), small_ratio.get(h["model"], "-"), PAPER_SPEEDUP]
+                 for h in rule]
     paper_rows = [[h["model"], f"{h['global_batch_size']:,}", *[_headline_cell(h, p) for p in planners],
                    _ratio_at(h), small_ratio.get(h["model"], "-"), PAPER_SPEEDUP] for h in paper]
     small_rows = [[h["model"], f"{h['global_batch_size']:,}", *[_headline_cell(h, p) for p in planners],
                    _ratio_at(h)] for h in small]
     parts = [f"Simulated training throughput at {n} V100s (Summit model, analytic costs, 1F1B, {granularity} "
              "granularity for every planner), samples/s (depth of graphpipe's and of the best sequential plan).",
+             "**Paper's rule** (the headline): the largest power-of-two mini-batch whose activations, spread over "
+             "the devices, fit in their memory (devices x 16 GiB / activation bytes of one sample; mmt at 8 "
+             "devices: 128, as the paper states):",
+             markdown([*header, "capped regime", f"small regime ({setup.get('batch_per_device', 8)} per device)",
+                       "paper"], rule_rows) if rule else "(not run)",
              f"**Capped regime**: the largest power-of-two mini-batch at which the best sequential plan fits in "
              f"device memory, found by doubling from {setup.get('batch_per_device', 8)} samples per device and "
              f"capped at {setup.get('batch_cap', 0):,}; under 1F1B every mini-batch fits, so the cap ends the "
@@ -1118,7 +1160,8 @@ def _headline_notes(results: dict[str, Any], n: int) -> list[str]:
     for planner in setup.get("planners", []):
         lost = {e: [h["model"] for h in head.get(e, []) if h["samples_per_s"].get(planner, 0) is None] for e in REGIMES}
         if any(lost.values()):
-            where = (f"{_and(lost['paper_regime'])} in both regimes" if lost["paper_regime"] == lost["scaling"] else
+            ran = [models for e, models in lost.items() if head.get(e)]
+            where = (f"{_and(ran[0])} in every regime" if all(models == ran[0] for models in ran) else
                      " and ".join(f"{_and(models)} in the {REGIMES[e]}" for e, models in lost.items() if models))
             notes.append(f"{PLANNER_NAMES.get(planner, planner)} gave up at {n} devices on {where} "
                          f"(budgets: {_budget(setup, planner)}; what it counted is in TABLES.md, search time).")

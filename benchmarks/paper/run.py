@@ -398,6 +398,14 @@ def branch_sweep(work: Workload, progress: Progress) -> list[Run]:
             for k in s.branch_counts for p in s.branch_planners]
 
 
+def branch_pairs(work: Workload, progress: Progress) -> list[Run]:
+    """candle_uno with k branches on k devices, the paper's pairing, 8 samples per device."""
+    s = work.setup
+    return [_logged(progress, work.run("branches_paired", "candle_uno", k, s.batch(k), p,
+                                       overrides={"num_branches": k}))
+            for k in s.branch_counts for p in s.branch_planners]
+
+
 def micro_batch_sweep(work: Workload, progress: Progress) -> list[Run]:
     """One fixed micro-batch size per run, for graphpipe and sequential."""
     s = work.setup
@@ -428,7 +436,7 @@ def sequential_model(work: Workload, progress: Progress) -> list[Run]:
 EXPERIMENTS: dict[str, Callable[[Workload, Progress], list[Run]]] = {
     "paper_rule": paper_rule, "scaling": scaling, "paper_regime": paper_regime, "op_level": op_level,
     "batch": batch_sweep, "ablation": ablation, "branches": branch_sweep, "micro_batch": micro_batch_sweep,
-    "case_study": case_study, "transformer": sequential_model,
+    "case_study": case_study, "transformer": sequential_model, "branches_paired": branch_pairs,
 }
 
 
@@ -674,18 +682,25 @@ def _ratio(a: Run | None, b: Run | None) -> str:
     return f"{a.samples_per_s / b.samples_per_s:.2f}x"
 
 
-def branch_table(runs: Sequence[Run], setup: Setup) -> str:
+def branch_table(runs: Sequence[Run], setup: Setup, experiment: str = "branches") -> str:
     planners = setup.branch_planners
-    header = ["branches", "devices", *[f"{p} samples/s" for p in planners], "graphpipe depth / mb",
+    header = ["branches", "devices", "mini-batch", *[f"{p} samples/s" for p in planners], "graphpipe depth / mb",
               "best sequential depth / mb", "speedup"]
     rows = []
     for k in setup.branch_counts:
-        group = [r for r in runs if r.experiment == "branches" and r.options.get("num_branches") == k]
+        group = [r for r in runs if r.experiment == experiment and r.options.get("num_branches") == k]
+        if not group:
+            continue
         gp = _find(group, planner="graphpipe")
         seq = _best_sequential(group)
-        rows.append([str(k), str(setup.branch_devices), *[_tput(_find(group, planner=p)) for p in planners],
+        rows.append([str(k), str(group[0].num_devices), _batch_of(group),
+                     *[_tput(_find(group, planner=p)) for p in planners],
                      f"{_depth(gp)} / {_mb(gp)}", f"{_depth(seq)} / {_mb(seq)}", _speedup(gp)])
     return markdown(header, rows)
+
+
+def branch_paired_table(runs: Sequence[Run], setup: Setup) -> str:
+    return branch_table(runs, setup, "branches_paired")
 
 
 def micro_batch_table(runs: Sequence[Run], setup: Setup) -> str:
@@ -774,7 +789,9 @@ TABLES: dict[str, tuple[str, Callable[[Sequence[Run], Setup], str]]] = {
     "search": ("Search time (seconds on this machine)", search_table),
     "memory": ("Peak memory per device of the chosen plans (of 16 GiB)", memory_table),
     "ablation": ("Ablation (op granularity)", ablation_table),
-    "branches": ("Branch sweep: candle_uno (op granularity)", branch_table),
+    "branches": ("Branch sweep: candle_uno on a fixed number of devices (op granularity)", branch_table),
+    "branches_paired": ("Branch sweep at the paper's pairing: candle_uno with k branches on k devices "
+                        "(op granularity)", branch_paired_table),
     "micro_batch": ("Micro-batch sweep (op granularity)", micro_batch_table),
     "case_study": ("Case study: two_branch (op granularity)", case_table),
     "transformer": ("Sequential transformer (op granularity)", transformer_table),

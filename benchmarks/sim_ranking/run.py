@@ -88,7 +88,7 @@ def prepare(name: str, link: dict[str, float]) -> dict[str, Any]:
              "simulated_s": predict(candidate, tables, cluster, fit.device, TERMS)}
             for candidate in candidates(graph, costs, plain)]
     return {"model": name, "options": MODELS[name], "calibration": str(fit), "cluster": cluster.to_dict(),
-            "overheads": overheads, "candidates": rows}
+            "overheads": overheads, "candidates": rows, "measured_table": measured}
 
 
 def candidates(graph: Any, costs: Any, cluster: Any) -> list[Plan]:

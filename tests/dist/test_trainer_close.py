@@ -135,3 +135,22 @@ def test_leaving_with_an_error_closes_without_waiting_for_sends() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def test_the_readme_python_section_runs_as_written(tmp_path: Path) -> None:
+    """README.md's Python section, copied as it stands into a script that torchrun starts on 2 ranks (two lines
+    added: each rank writes its last loss to a file)."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("## Python\n\n```python\n") + len("## Python\n\n```python\n")
+    script = tmp_path / "readme_snippet.py"
+    report = "import os\nopen(f\"loss_{os.environ['RANK']}.txt\", 'w').write(str(float(loss)))\n"
+    script.write_text(text[start:text.index("```", start)] + report)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={NPROC}",
+               "--max-restarts=0", "--monitor-interval=0.5", str(script)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    losses = [float((tmp_path / f"loss_{rank}.txt").read_text()) for rank in range(NPROC)]
+    assert losses[0] == losses[1] and math.isfinite(losses[0]), output[-3000:]
+    assert (tmp_path / "plan.json").is_file()

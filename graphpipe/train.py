@@ -61,6 +61,9 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=10, help="train until this many steps are done")
     parser.add_argument("--schedule", choices=SCHEDULE_NAMES, default=None, help="schedule (default: the plan's)")
     parser.add_argument("--lr", type=float, default=1e-3, help="learning rate")
+    parser.add_argument("--clip-grad-norm", type=float, default=None, metavar="C",
+                        help="scale the gradients so that their global norm (every stage and replica, a shared "
+                             "weight once) is at most C, as torch.nn.utils.clip_grad_norm_ on one device")
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam",
                         help="adam (default), or sgd: plain SGD, no optimizer state (half the memory per parameter)")
     parser.add_argument("--seed", type=int, default=0, help="model weights and data shuffling")
@@ -96,6 +99,8 @@ def train_args_problem(args: argparse.Namespace) -> str | None:
         return f"--save-every must be 0 (save only at the end) or more, got {args.save_every}"
     if args.save_every > 0 and not args.checkpoint_dir:
         return "--save-every needs --checkpoint-dir DIR to save into"
+    if args.clip_grad_norm is not None and not args.clip_grad_norm > 0:
+        return f"--clip-grad-norm must be above 0 (the largest gradient norm kept), got {args.clip_grad_norm:g}"
     if args.threads < 1:
         return f"--threads must be at least 1, got {args.threads}"
     if args.timeout <= 0:
@@ -201,7 +206,8 @@ def _make_trainer(args: argparse.Namespace, plan: Plan, zoo: Any, device: torch.
     return PipelineTrainer(zoo.model, plan, optimizer=lambda ps: optimizer(ps, lr=lr), loss_fn=zoo.loss_fn,
                            schedule=args.schedule or plan.schedule, leaf_modules=args.leaf_modules,
                            example_inputs=zoo.inputs, device=device, autocast=AUTOCAST[args.dtype],
-                           weights=args.weights, init_seed=args.seed, batch_norm=args.batch_norm)
+                           weights=args.weights, init_seed=args.seed, batch_norm=args.batch_norm,
+                           clip_grad_norm=args.clip_grad_norm)
 
 
 def _resume(trainer: Any, checkpoint_dir: str) -> None:
@@ -262,7 +268,8 @@ def _train_loop(args: argparse.Namespace, plan: Plan, trainer: Any, zoo: Any) ->
             traced.append(list(trainer.executor.events))
         metrics = StepMetrics(step=step + 1, loss=loss, iteration_s=elapsed,
                               samples_per_s=plan.global_batch_size / elapsed, simulated_iteration_s=simulated,
-                              peak_memory_bytes=peaks, simulation_calibrated=simulation_calibrated(plan))
+                              peak_memory_bytes=peaks, simulation_calibrated=simulation_calibrated(plan),
+                              grad_norm=trainer.last_grad_norm)
         if rank == 0:
             _report(args, bar, metrics)
         if args.checkpoint_dir and _should_save(args, step + 1):

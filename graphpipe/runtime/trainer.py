@@ -31,6 +31,7 @@ from graphpipe.runtime.batch_norm import prepare_batch_norm
 from graphpipe.runtime.checkpoint import load_stage, save_stage
 from graphpipe.runtime.comm import DistTransport, Transport
 from graphpipe.runtime.executor import LossFn, StageExecutor
+from graphpipe.runtime.grad_clip import clip_global_grad_norm_
 from graphpipe.runtime.materialize import materialize
 from graphpipe.runtime.shared_grads import SharedGrads
 from graphpipe.runtime.stage_module import StageModule, split_stages
@@ -56,6 +57,9 @@ class PipelineTrainer:
     inputs; without it the model is traced with fx, one input per forward argument.
     `autocast=torch.bfloat16` runs forwards and the loss under `torch.autocast` (weights, gradients
     and optimizer state stay in the model's dtype; activations and messages are bfloat16).
+    `clip_grad_norm=c` scales the gradients of every step so that their global norm (over every stage and
+    replica, a shared weight once) is at most c, as `torch.nn.utils.clip_grad_norm_` on one device
+    (`graphpipe.runtime.grad_clip`); `last_grad_norm` is that norm before clipping.
     `close()` (or `with PipelineTrainer(...) as trainer:`) ends training cleanly; see there. A plan that records
     its graph (`Plan.graph_fingerprint`) is checked against this rank's capture, op for op; a plan captured at
     one sample (`export-static`) runs each share sample by sample (`graphpipe.runtime.per_sample`).
@@ -69,8 +73,14 @@ class PipelineTrainer:
                  example_inputs: Any = None, device: torch.device | str | None = None, process_group: Any = None,
                  transport: Transport | None = None, rank: int | None = None,
                  autocast: torch.dtype | None = None, batch_norm: str = "micro",
-                 weights: str | os.PathLike[str] | None = None, init_seed: int = 0) -> None:
+                 weights: str | os.PathLike[str] | None = None, init_seed: int = 0,
+                 clip_grad_norm: float | None = None) -> None:
+        if clip_grad_norm is not None and not clip_grad_norm > 0:
+            raise TrainingError(f"clip_grad_norm must be above 0 (the largest gradient norm kept), "
+                                f"got {clip_grad_norm}")
         self.plan = plan
+        self.clip_grad_norm = clip_grad_norm
+        self.last_grad_norm: float | None = None  # the global gradient norm of the last step, where clipped
         self.device = torch.device(device) if device is not None else _default_device()
         if transport is None:
             transport, rank = self._dist_transport(process_group)
@@ -187,8 +197,24 @@ class PipelineTrainer:
 
     def _optimizer_step(self) -> None:
         self.batch_norm.commit()
+        if self.clip_grad_norm is not None:
+            self.last_grad_norm = clip_global_grad_norm_(self._counted_params(), self._held_params(),
+                                                         self.clip_grad_norm, self.transport,
+                                                         tuple(range(self.plan.world_size)), self.device)
         if self.optimizer is not None:
             self.optimizer.step()
+
+    def _held_params(self) -> list[nn.Parameter]:
+        return [param for _, param in self.stage.named_parameters()]
+
+    def _counted_params(self) -> list[nn.Parameter]:
+        """The parameters whose gradients this rank adds to the global norm, so that each counts once: the
+        stage leader's (its data-parallel replicas hold the same all-reduced gradients), a shared parameter
+        only on its owner stage (`shared_owner`: every holder has the same summed gradient)."""
+        if not self.is_stage_leader:
+            return []
+        return [param for name, param in self.stage.named_parameters()
+                if self.shared_owner.get(name, self.stage_idx) == self.stage_idx]
 
     # ---- this rank's stage -------------------------------------------------------------------
     def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:

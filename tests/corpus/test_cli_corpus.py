@@ -5,7 +5,8 @@ Each model is planned for 2 local CPU devices (three of them also for 4), traine
 the batches `graphpipe train` draws, and compared with the same steps on one device: every step's loss and
 every parameter of the final checkpoint within 1e-10 (relative to the parameter's norm, absolute below norm
 1: a parameter whose gradient is zero in exact arithmetic moves by rounding noise only). The mixture-of-
-experts decoder is also planned at two micro-batch sizes other than its example's 4. The cross-attention
+experts decoder is also planned at two micro-batch sizes other than its example's 4; BART (its embedding shared by
+encoder, decoder and head) trains with `--clip-grad-norm`, against `clip_grad_norm_` on one device. The cross-attention
 vision-language model (Mllama) gets its vision tower a stage beside the decoder's first half, which the simulator
 ranks above the best chain of stages.
 """
@@ -32,7 +33,8 @@ FACTORIES = Path(__file__).with_name("cli_factories.py")
 MINI_BATCH, STEPS, LR = 8, 2, 1e-2
 TOLERANCE = 1e-10
 CASES = [  # (model, devices, extra plan options, extra train options)
-    ("qwen2", 2, (), ()), ("bart", 2, (), ()), ("clip", 4, (), ()), ("clip", 2, (), ("--init", "meta")),
+    ("qwen2", 2, (), ()), ("bart", 2, (), ("--clip-grad-norm", "0.05")), ("clip", 4, (), ()),
+    ("clip", 2, (), ("--init", "meta")),
     ("olmoe", 4, ("--micro-batch-sizes", "2"), ()), ("olmoe", 2, ("--micro-batch-sizes", "1"), ()),
     ("granitemoe", 2, (), ()), ("mixtral", 2, (), ()), ("llava", 4, (), ()), ("mllama", 4, (), ()),
     ("mamba", 2, (), ()),
@@ -62,7 +64,9 @@ def test_plan_then_train_equals_one_device(tmp_path: Path, name: str, devices: i
     assert trained.returncode == 0, trained.stderr[-3000:]
     plan = Plan.load(plan_path)
     losses = [row["loss"] for row in json.loads(trained.stdout)["steps"]]
-    expected, reference = _one_device(model, meta_init="meta" in train_options)
+    clip = float(train_options[train_options.index("--clip-grad-norm") + 1]) \
+        if "--clip-grad-norm" in train_options else None
+    expected, reference = _one_device(model, meta_init="meta" in train_options, clip=clip)
     assert losses == pytest.approx(expected, rel=TOLERANCE, abs=0)
     trained_params = _checkpoint_params(ckpt / f"step_{STEPS}", plan.num_stages)
     assert set(trained_params) == set(reference)
@@ -105,9 +109,9 @@ def _ancestors(plan: Plan, stage: int) -> set[int]:
     return found
 
 
-def _one_device(model: str, meta_init: bool) -> tuple[list[float], dict[str, torch.Tensor]]:
+def _one_device(model: str, meta_init: bool, clip: float | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The losses and final parameters of the whole model trained on the batches `graphpipe train` draws (from
-    the weights `--init meta` gives the stages, with `meta_init`)."""
+    the weights `--init meta` gives the stages, with `meta_init`; gradients clipped to the global norm `clip`)."""
     zoo = load_model(model, "tiny", batch_size=MINI_BATCH, seed=0, empty=meta_init)
     if meta_init:
         materialize(zoo.model, seed=0)
@@ -119,6 +123,8 @@ def _one_device(model: str, meta_init: bool) -> tuple[list[float], dict[str, tor
         optimizer.zero_grad()
         loss = zoo.loss_fn(zoo.model(*given.args, **given.kwargs), targets)
         loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(zoo.model.parameters(), clip)
         optimizer.step()
         losses.append(loss.item())
     return losses, {name: param.detach() for name, param in zoo.model.named_parameters()}

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from graphpipe.errors import GraphPipeError, TrainingError
 from graphpipe.model_inputs import ModelInputs
 from graphpipe.runtime.batch_norm import BATCH_NORM_MODES
+from graphpipe.runtime.lr_schedule import SCHEDULES, lr_factor
 from graphpipe.runtime.output_paths import output_paths_problem
 from graphpipe.schedule.generate import SCHEDULE_NAMES
 from graphpipe.stages.stage_graph import Plan
@@ -61,6 +62,11 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=10, help="train until this many steps are done")
     parser.add_argument("--schedule", choices=SCHEDULE_NAMES, default=None, help="schedule (default: the plan's)")
     parser.add_argument("--lr", type=float, default=1e-3, help="learning rate")
+    parser.add_argument("--lr-schedule", choices=SCHEDULES, default="constant",
+                        help="learning rate over the --steps: constant (default), or a linear or cosine decay to 0 at "
+                             "the last step, after --warmup-steps")
+    parser.add_argument("--warmup-steps", type=int, default=0,
+                        help="raise the learning rate linearly to --lr over this many first steps (default 0)")
     parser.add_argument("--clip-grad-norm", type=float, default=None, metavar="C",
                         help="scale the gradients so that their global norm (every stage and replica, a shared "
                              "weight once) is at most C, as torch.nn.utils.clip_grad_norm_ on one device")
@@ -87,6 +93,14 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
                              "directory); each rank reads only its stage's tensors (implies --init meta)")
 
 
+def _scheduler(args: argparse.Namespace) -> Any:
+    """The rank's scheduler factory for `--lr-schedule` and `--warmup-steps` (None: a constant rate)."""
+    if args.lr_schedule == "constant" and args.warmup_steps == 0:
+        return None
+    factor = lr_factor(args.lr_schedule, args.warmup_steps, args.steps)
+    return lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
 def train_args_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the training options, in one line, or None; `graphpipe train` checks this before
     it starts any process, a rank before it joins the group (both exit 2, like argparse)."""
@@ -99,6 +113,8 @@ def train_args_problem(args: argparse.Namespace) -> str | None:
         return f"--save-every must be 0 (save only at the end) or more, got {args.save_every}"
     if args.save_every > 0 and not args.checkpoint_dir:
         return "--save-every needs --checkpoint-dir DIR to save into"
+    if not 0 <= args.warmup_steps < args.steps:
+        return (f"--warmup-steps must be at least 0 and fewer than --steps ({args.steps}), got {args.warmup_steps}")
     if args.clip_grad_norm is not None and not args.clip_grad_norm > 0:
         return f"--clip-grad-norm must be above 0 (the largest gradient norm kept), got {args.clip_grad_norm:g}"
     if args.threads < 1:
@@ -207,7 +223,7 @@ def _make_trainer(args: argparse.Namespace, plan: Plan, zoo: Any, device: torch.
                            schedule=args.schedule or plan.schedule, leaf_modules=args.leaf_modules,
                            example_inputs=zoo.inputs, device=device, autocast=AUTOCAST[args.dtype],
                            weights=args.weights, init_seed=args.seed, batch_norm=args.batch_norm,
-                           clip_grad_norm=args.clip_grad_norm)
+                           clip_grad_norm=args.clip_grad_norm, lr_scheduler=_scheduler(args))
 
 
 def _resume(trainer: Any, checkpoint_dir: str) -> None:
@@ -260,6 +276,7 @@ def _train_loop(args: argparse.Namespace, plan: Plan, trainer: Any, zoo: Any) ->
         inputs, targets = shuffled_batch(zoo, args.seed, step)
         if (rank, step) == (kill_rank, kill_step):
             os.kill(os.getpid(), signal.SIGKILL)
+        rate = trainer.learning_rate
         start = time.perf_counter()
         loss = trainer.step(inputs, targets)
         elapsed = time.perf_counter() - start
@@ -269,7 +286,7 @@ def _train_loop(args: argparse.Namespace, plan: Plan, trainer: Any, zoo: Any) ->
         metrics = StepMetrics(step=step + 1, loss=loss, iteration_s=elapsed,
                               samples_per_s=plan.global_batch_size / elapsed, simulated_iteration_s=simulated,
                               peak_memory_bytes=peaks, simulation_calibrated=simulation_calibrated(plan),
-                              grad_norm=trainer.last_grad_norm)
+                              grad_norm=trainer.last_grad_norm, learning_rate=rate)
         if rank == 0:
             _report(args, bar, metrics)
         if args.checkpoint_dir and _should_save(args, step + 1):

@@ -22,7 +22,8 @@ from graphpipe.stages.stage_graph import Plan
 from graphpipe.units import format_bytes
 
 FORWARDED = ("model", "preset", "steps", "schedule", "lr", "seed", "checkpoint_dir", "save_every", "trace",
-             "timeout", "threads", "dtype", "init", "weights", "optimizer", "batch_norm", "clip_grad_norm")
+             "timeout", "threads", "dtype", "init", "weights", "optimizer", "batch_norm", "clip_grad_norm",
+             "lr_schedule", "warmup_steps")
 
 
 def add_parser(subparsers: Any) -> None:

@@ -2,9 +2,10 @@
 
 Layout of a checkpoint directory (one per saved step):
 
-    stage_0.pt ...      parameters and buffers (original names), optimizer state, step; a parameter
-                        several stages hold (tied weights) only in the first holder's file,
-                        with its optimizer state; the others name that stage (`shared_from`)
+    stage_0.pt ...      parameters and buffers (original names), optimizer and learning-rate scheduler
+                        state, step; a parameter several stages hold (tied weights) only in the
+                        first holder's file, with its optimizer state; the others name that stage
+                        (`shared_from`)
     rank_0_rng.pt ...   each rank's torch RNG state
     complete            JSON {"step", "num_stages", "world_size", "files": {name: {"bytes", "sha256"}}},
                         written last by rank 0
@@ -66,7 +67,9 @@ def _stage_state(trainer: PipelineTrainer) -> dict[str, Any]:
         dropped = {names.index(name) for name in elsewhere}
         optimizer = {**optimizer, "state": {idx: value for idx, value in optimizer["state"].items()
                                             if idx not in dropped}}
-    return {"model": model, "optimizer": optimizer, "step": trainer.step_count, "ops": list(trainer.stage_info.ops),
+    scheduler = trainer.lr_scheduler.state_dict() if trainer.lr_scheduler is not None else {}
+    return {"model": model, "optimizer": optimizer, "lr_scheduler": scheduler, "step": trainer.step_count,
+            "ops": list(trainer.stage_info.ops),
             "param_names": names, "shared_from": elsewhere}
 
 
@@ -106,6 +109,8 @@ def load_stage(directory: str, trainer: PipelineTrainer) -> None:
     _load_tensors(trainer, state["model"], root)
     if trainer.optimizer is not None:
         trainer.optimizer.load_state_dict(state["optimizer"])
+    if trainer.lr_scheduler is not None and state.get("lr_scheduler"):
+        trainer.lr_scheduler.load_state_dict(state["lr_scheduler"])
     trainer.step_count = int(state["step"])
     if (root / rng_file).exists():
         torch.set_rng_state(torch.load(root / rng_file, weights_only=True)["rng"])

@@ -20,11 +20,13 @@ class StepMetrics:
     peak_memory_bytes: tuple[int, ...]  # per rank
     simulation_calibrated: bool = False  # the simulated machine's host costs were measured (`Device.host_calibrated`)
     grad_norm: float | None = None  # the global gradient norm before clipping (with --clip-grad-norm)
+    learning_rate: float | None = None  # the rate this step used (rank 0's stage)
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "loss": self.loss, "iteration_s": self.iteration_s,
                 "samples_per_s": self.samples_per_s, "simulated_iteration_s": self.simulated_iteration_s,
                 "simulation_calibrated": self.simulation_calibrated, "grad_norm": self.grad_norm,
+                "learning_rate": self.learning_rate,
                 "peak_memory_bytes": list(self.peak_memory_bytes)}
 
     @classmethod
@@ -33,7 +35,7 @@ class StepMetrics:
                    samples_per_s=data["samples_per_s"], simulated_iteration_s=data.get("simulated_iteration_s"),
                    peak_memory_bytes=tuple(data.get("peak_memory_bytes", ())),
                    simulation_calibrated=bool(data.get("simulation_calibrated", False)),
-                   grad_norm=data.get("grad_norm"))
+                   grad_norm=data.get("grad_norm"), learning_rate=data.get("learning_rate"))
 
     def short(self) -> str:
         sim = f" sim {self.simulated_iteration_s * 1e3:.1f} ms" \

@@ -42,6 +42,7 @@ from graphpipe.stages.stage_graph import Plan
 __all__ = ["PipelineTrainer"]
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+SchedulerFactory = Callable[[torch.optim.Optimizer], Any]  # e.g. lambda opt: torch.optim.lr_scheduler.LambdaLR(...)
 
 
 class PipelineTrainer:
@@ -59,7 +60,9 @@ class PipelineTrainer:
     and optimizer state stay in the model's dtype; activations and messages are bfloat16).
     `clip_grad_norm=c` scales the gradients of every step so that their global norm (over every stage and
     replica, a shared weight once) is at most c, as `torch.nn.utils.clip_grad_norm_` on one device
-    (`graphpipe.runtime.grad_clip`); `last_grad_norm` is that norm before clipping.
+    (`graphpipe.runtime.grad_clip`); `last_grad_norm` is that norm before clipping. `lr_scheduler` makes a
+    `torch.optim.lr_scheduler` for each rank's optimizer (`lambda opt: CosineAnnealingLR(opt, T_max=...)`),
+    stepped after every optimizer step and saved in checkpoints, so every stage follows one schedule.
     `close()` (or `with PipelineTrainer(...) as trainer:`) ends training cleanly; see there. A plan that records
     its graph (`Plan.graph_fingerprint`) is checked against this rank's capture, op for op; a plan captured at
     one sample (`export-static`) runs each share sample by sample (`graphpipe.runtime.per_sample`).
@@ -74,7 +77,7 @@ class PipelineTrainer:
                  transport: Transport | None = None, rank: int | None = None,
                  autocast: torch.dtype | None = None, batch_norm: str = "micro",
                  weights: str | os.PathLike[str] | None = None, init_seed: int = 0,
-                 clip_grad_norm: float | None = None) -> None:
+                 clip_grad_norm: float | None = None, lr_scheduler: SchedulerFactory | None = None) -> None:
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise TrainingError(f"clip_grad_norm must be above 0 (the largest gradient norm kept), "
                                 f"got {clip_grad_norm}")
@@ -111,6 +114,8 @@ class PipelineTrainer:
         params = [param for _, param in self.stage.named_parameters()]
         # a stage without parameters (a parameter-free merge, say) has nothing to optimise
         self.optimizer: torch.optim.Optimizer | None = optimizer(params) if params else None
+        self.lr_scheduler: Any = lr_scheduler(self.optimizer) \
+            if lr_scheduler is not None and self.optimizer is not None else None
         shared_names = {name for stage in stages for name in stage.spec.shared_params}
         # a checkpoint stores each shared parameter once, in the file of the first stage that holds it
         self.shared_owner = {name: min(stage.spec.stage_idx for stage in stages if name in stage.spec.shared_params)
@@ -203,6 +208,13 @@ class PipelineTrainer:
                                                          tuple(range(self.plan.world_size)), self.device)
         if self.optimizer is not None:
             self.optimizer.step()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+
+    @property
+    def learning_rate(self) -> float | None:
+        """The learning rate the next step uses (its first parameter group's); None without parameters."""
+        return float(self.optimizer.param_groups[0]["lr"]) if not self.idle and self.optimizer is not None else None
 
     def _held_params(self) -> list[nn.Parameter]:
         return [param for _, param in self.stage.named_parameters()]

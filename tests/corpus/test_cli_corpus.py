@@ -6,7 +6,8 @@ the batches `graphpipe train` draws, and compared with the same steps on one dev
 every parameter of the final checkpoint within 1e-10 (relative to the parameter's norm, absolute below norm
 1: a parameter whose gradient is zero in exact arithmetic moves by rounding noise only). The mixture-of-
 experts decoder is also planned at two micro-batch sizes other than its example's 4; BART (its embedding shared by
-encoder, decoder and head) trains with `--clip-grad-norm`, against `clip_grad_norm_` on one device. The cross-attention
+encoder, decoder and head) trains with `--clip-grad-norm`, against `clip_grad_norm_` on one device, and Qwen2 with
+a warmed-up cosine learning-rate schedule. The cross-attention
 vision-language model (Mllama) gets its vision tower a stage beside the decoder's first half, which the simulator
 ranks above the best chain of stages.
 """
@@ -24,6 +25,7 @@ import torch
 
 from graphpipe.model_inputs import as_model_inputs
 from graphpipe.models import load_model
+from graphpipe.runtime.lr_schedule import lr_factor
 from graphpipe.runtime.materialize import materialize
 from graphpipe.stages.stage_graph import Plan
 from graphpipe.train import shuffled_batch
@@ -33,7 +35,8 @@ FACTORIES = Path(__file__).with_name("cli_factories.py")
 MINI_BATCH, STEPS, LR = 8, 2, 1e-2
 TOLERANCE = 1e-10
 CASES = [  # (model, devices, extra plan options, extra train options)
-    ("qwen2", 2, (), ()), ("bart", 2, (), ("--clip-grad-norm", "0.05")), ("clip", 4, (), ()),
+    ("qwen2", 2, (), ("--lr-schedule", "cosine", "--warmup-steps", "1")), ("bart", 2, (), ("--clip-grad-norm", "0.05")),
+    ("clip", 4, (), ()),
     ("clip", 2, (), ("--init", "meta")),
     ("olmoe", 4, ("--micro-batch-sizes", "2"), ()), ("olmoe", 2, ("--micro-batch-sizes", "1"), ()),
     ("granitemoe", 2, (), ()), ("mixtral", 2, (), ()), ("llava", 4, (), ()), ("mllama", 4, (), ()),
@@ -66,7 +69,10 @@ def test_plan_then_train_equals_one_device(tmp_path: Path, name: str, devices: i
     losses = [row["loss"] for row in json.loads(trained.stdout)["steps"]]
     clip = float(train_options[train_options.index("--clip-grad-norm") + 1]) \
         if "--clip-grad-norm" in train_options else None
-    expected, reference = _one_device(model, meta_init="meta" in train_options, clip=clip)
+    schedule = (train_options[train_options.index("--lr-schedule") + 1],
+                int(train_options[train_options.index("--warmup-steps") + 1])) \
+        if "--lr-schedule" in train_options else None
+    expected, reference = _one_device(model, meta_init="meta" in train_options, clip=clip, schedule=schedule)
     assert losses == pytest.approx(expected, rel=TOLERANCE, abs=0)
     trained_params = _checkpoint_params(ckpt / f"step_{STEPS}", plan.num_stages)
     assert set(trained_params) == set(reference)
@@ -109,13 +115,17 @@ def _ancestors(plan: Plan, stage: int) -> set[int]:
     return found
 
 
-def _one_device(model: str, meta_init: bool, clip: float | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
+def _one_device(model: str, meta_init: bool, clip: float | None = None,
+                schedule: tuple[str, int] | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The losses and final parameters of the whole model trained on the batches `graphpipe train` draws (from
-    the weights `--init meta` gives the stages, with `meta_init`; gradients clipped to the global norm `clip`)."""
+    the weights `--init meta` gives the stages, with `meta_init`; gradients clipped to the global norm `clip`;
+    the learning rate following `schedule`, (kind, warm-up steps))."""
     zoo = load_model(model, "tiny", batch_size=MINI_BATCH, seed=0, empty=meta_init)
     if meta_init:
         materialize(zoo.model, seed=0)
     optimizer = torch.optim.Adam(zoo.model.parameters(), lr=LR)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(schedule[0], schedule[1], STEPS)) \
+        if schedule else None
     losses = []
     for step in range(STEPS):
         inputs, targets = shuffled_batch(zoo, 0, step)
@@ -126,6 +136,8 @@ def _one_device(model: str, meta_init: bool, clip: float | None = None) -> tuple
         if clip is not None:
             torch.nn.utils.clip_grad_norm_(zoo.model.parameters(), clip)
         optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
         losses.append(loss.item())
     return losses, {name: param.detach() for name, param in zoo.model.named_parameters()}
 

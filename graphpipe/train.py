@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -289,6 +290,10 @@ def _train_loop(args: argparse.Namespace, plan: Plan, trainer: Any, zoo: Any) ->
                               grad_norm=trainer.last_grad_norm, learning_rate=rate)
         if rank == 0:
             _report(args, bar, metrics)
+        problem = None if trainer.idle else non_finite_problem(step + 1, loss, trainer.last_grad_norm,
+                                                               args.checkpoint_dir)
+        if problem:
+            raise TrainingError(problem)
         if args.checkpoint_dir and _should_save(args, step + 1):
             trainer.save(str(Path(args.checkpoint_dir) / f"step_{step + 1}"))
     if bar is not None:
@@ -297,6 +302,20 @@ def _train_loop(args: argparse.Namespace, plan: Plan, trainer: Any, zoo: Any) ->
         from graphpipe.runtime.trace import write_rank_trace
 
         write_rank_trace(args.trace, rank, trainer.stage_idx, traced, origin)
+
+
+def non_finite_problem(step: int, loss: float, grad_norm: float | None, checkpoint_dir: str | None) -> str | None:
+    """One line when the loss or the global gradient norm of `step` is not finite (every rank sees the same
+    all-reduced values, so all stop together), before this step is saved; None when both are finite."""
+    if math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm)):
+        return None
+    what = f"the loss is {loss:g}" if not math.isfinite(loss) else f"the gradient norm is {grad_norm:g}"
+    from graphpipe.runtime.checkpoint import latest_complete
+
+    last = latest_complete(checkpoint_dir) if checkpoint_dir and Path(checkpoint_dir).is_dir() else None
+    kept = f"the last checkpoint, {last}, is kept" if last else "no checkpoint was saved before it"
+    return (f"step {step}: {what}: training stopped before saving this step ({kept}); a lower --lr, "
+            "--clip-grad-norm or --warmup-steps may help")
 
 
 def simulation_calibrated(plan: Plan) -> bool:

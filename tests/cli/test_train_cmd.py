@@ -75,3 +75,13 @@ def test_a_simulation_of_a_preset_device_is_said_uncalibrated(planned: Path) -> 
     measured = dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, fwd_action_overhead_us=80.0))
     assert simulation_calibrated(dataclasses.replace(plan, cluster=measured.to_dict()))
     assert "     5.0" in train_cmd.render_metrics(rows, calibrated=True).splitlines()[1]
+
+
+def test_a_step_that_is_not_finite_is_one_line_naming_it(tmp_path: Path) -> None:
+    from graphpipe.train import non_finite_problem
+
+    assert non_finite_problem(3, 0.5, 2.0, None) is None
+    assert non_finite_problem(3, float("nan"), None, None) == (
+        "step 3: the loss is nan: training stopped before saving this step (no checkpoint was saved before it); "
+        "a lower --lr, --clip-grad-norm or --warmup-steps may help")
+    assert "step 4: the gradient norm is inf" in str(non_finite_problem(4, 0.5, float("inf"), str(tmp_path)))

@@ -108,3 +108,18 @@ def test_sigterm_stops_every_worker_then_resume_skips_a_damaged_step(tmp_path: P
             f"{intact.name}") in resumed.stderr
     done_steps = [row["step"] for row in json.loads(resumed.stdout)["steps"]]
     assert done_steps == list(range(int(intact.name.split("_")[1]) + 1, steps + 1))
+
+
+def test_a_loss_that_is_not_finite_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path: Path) -> None:
+    """A learning rate of 1e30 makes the second step's loss nan: every rank stops there, exit 1, one line
+    naming the step; step 1's checkpoint stays the newest."""
+    ckpt = tmp_path / "ckpt"
+    command = [sys.executable, "-m", "graphpipe.cli.main", "train", "--model", "toy_chain", "--nproc", "2",
+               "--steps", "4", "--lr", "1e30", "--checkpoint-dir", str(ckpt), "--save-every", "1"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=ENDED_S * 3,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 1, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert "step 2: the loss is nan: training stopped before saving this step" in last
+    assert f"the last checkpoint, {ckpt / 'step_1'}, is kept" in last
+    assert [path.name for path in complete_steps(ckpt)] == ["step_1"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -45,6 +46,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--planner", default="graphpipe", help="planner when planning (default graphpipe)")
     add_granularity_arg(parser)
     parser.add_argument("--json", action="store_true", help="print the per-step metrics as JSON")
+    parser.add_argument("--log", default=None, metavar="FILE.jsonl",
+                        help="append one JSON line per step here as the run goes (loss, learning rate, gradient "
+                             "norm, samples/s, peak memory per rank); `graphpipe plot-log` draws it")
     parser.set_defaults(func=run)
 
 
@@ -52,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     from graphpipe.runtime.launch import launch
     from graphpipe.train import cuda_devices_problem, simulation_calibrated, train_args_problem
 
-    problem = train_args_problem(args) or _nothing_to_resume(args) or cuda_devices_problem(args.nproc)
+    problem = train_args_problem(args) or _log_problem(args.log) or _nothing_to_resume(args) \
+        or cuda_devices_problem(args.nproc)
     if problem:
         raise UsageError(problem)
     with tempfile.TemporaryDirectory(prefix="graphpipe-train-") as scratch:
@@ -61,11 +66,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             plan_path = _plan_now(args, Path(scratch) / "plan.json")
             plan = Plan.load(plan_path)
-        metrics_path = Path(scratch) / "metrics.jsonl"
+        metrics_path = Path(args.log) if args.log else Path(scratch) / "metrics.jsonl"
+        before = metrics_path.stat().st_size if metrics_path.exists() else 0  # a resumed run appends
         result = launch(args.nproc, [*_forwarded(args), "--plan", str(plan_path), "--metrics-out", str(metrics_path)])
         if result.returncode != 0:
-            raise TrainingError(result.describe())
-        rows = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
+            raise TrainingError(result.describe() + (f"; the steps done are in {args.log}" if args.log else ""))
+        rows = _rows_after(metrics_path, before)
     calibrated = simulation_calibrated(plan)
     if args.json:
         print_json({"plan": str(args.plan or "planned"), "planner": plan.planner, "num_stages": plan.num_stages,
@@ -77,6 +83,29 @@ def run(args: argparse.Namespace) -> int:
             print(f"sim ms: uncalibrated: the plan's costs model a {device} device's ops, not this machine's "
                   "per-action overheads, transport and shared cores (`graphpipe simulate` prints what they give)")
     return 0
+
+
+def _rows_after(path: Path, offset: int) -> list[dict[str, Any]]:
+    """The JSON lines this run appended to `path` (from byte `offset` on)."""
+    if not path.exists():
+        return []
+    with path.open("rb") as handle:
+        handle.seek(offset)
+        return [json.loads(line) for line in handle.read().decode().splitlines() if line.strip()]
+
+
+def _log_problem(log: str | None) -> str | None:
+    """An unwritable --log, found before any worker starts."""
+    if log is None:
+        return None
+    folder = Path(log).resolve().parent
+    if Path(log).is_dir():
+        return f"--log {log} is a directory; give a file, e.g. {Path(log) / 'train.jsonl'}"
+    if not folder.is_dir():
+        return f"--log {log}: the folder {folder} does not exist"
+    if not os.access(folder, os.W_OK) or (Path(log).exists() and not os.access(log, os.W_OK)):
+        return f"--log {log} cannot be written (permissions of {folder}); give a path you can write"
+    return None
 
 
 def _nothing_to_resume(args: argparse.Namespace) -> str | None:

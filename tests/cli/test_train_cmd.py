@@ -85,3 +85,17 @@ def test_a_step_that_is_not_finite_is_one_line_naming_it(tmp_path: Path) -> None
         "step 3: the loss is nan: training stopped before saving this step (no checkpoint was saved before it); "
         "a lower --lr, --clip-grad-norm or --warmup-steps may help")
     assert "step 4: the gradient norm is inf" in str(non_finite_problem(4, 0.5, float("inf"), str(tmp_path)))
+
+
+def test_an_unwritable_log_is_found_before_workers_start(tmp_path: Path) -> None:
+    from graphpipe.cli.train_cmd import _log_problem, _rows_after
+
+    assert _log_problem(None) is None and _log_problem(str(tmp_path / "train.jsonl")) is None
+    assert "is a directory" in str(_log_problem(str(tmp_path)))
+    assert "does not exist" in str(_log_problem(str(tmp_path / "nowhere" / "train.jsonl")))
+    log = tmp_path / "train.jsonl"
+    log.write_text('{"step": 1, "loss": 1.0}\n')
+    before = log.stat().st_size
+    with log.open("a") as handle:
+        handle.write('{"step": 2, "loss": 0.5}\n')
+    assert _rows_after(log, before) == [{"step": 2, "loss": 0.5}]  # a resumed run's rows only

@@ -112,10 +112,10 @@ def test_sigterm_stops_every_worker_then_resume_skips_a_damaged_step(tmp_path: P
 
 def test_a_loss_that_is_not_finite_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path: Path) -> None:
     """A learning rate of 1e30 makes the second step's loss nan: every rank stops there, exit 1, one line
-    naming the step; step 1's checkpoint stays the newest."""
-    ckpt = tmp_path / "ckpt"
+    naming the step; step 1's checkpoint stays the newest, and the --log holds both steps."""
+    ckpt, log = tmp_path / "ckpt", tmp_path / "train.jsonl"
     command = [sys.executable, "-m", "graphpipe.cli.main", "train", "--model", "toy_chain", "--nproc", "2",
-               "--steps", "4", "--lr", "1e30", "--checkpoint-dir", str(ckpt), "--save-every", "1"]
+               "--steps", "4", "--lr", "1e30", "--checkpoint-dir", str(ckpt), "--save-every", "1", "--log", str(log)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=ENDED_S * 3,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 1, done.stderr[-2000:]
@@ -123,3 +123,6 @@ def test_a_loss_that_is_not_finite_stops_the_run_and_keeps_the_last_good_checkpo
     assert "step 2: the loss is nan: training stopped before saving this step" in last
     assert f"the last checkpoint, {ckpt / 'step_1'}, is kept" in last
     assert [path.name for path in complete_steps(ckpt)] == ["step_1"]
+    assert f"the steps done are in {log}" in last
+    rows = [json.loads(line) for line in log.read_text().splitlines()]  # the failing step logged too
+    assert [row["step"] for row in rows] == [1, 2] and rows[1]["loss"] != rows[1]["loss"]

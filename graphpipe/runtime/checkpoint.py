@@ -5,7 +5,8 @@ Layout of a checkpoint directory (one per saved step):
     stage_0.pt ...      parameters and buffers (original names), optimizer and learning-rate scheduler
                         state, step; a parameter several stages hold (tied weights) only in the
                         first holder's file, with its optimizer state; the others name that stage
-                        (`shared_from`)
+                        (`shared_from`); the keys of the model's own state_dict and its tied names
+                        (`model_keys`), for `graphpipe export`
     rank_0_rng.pt ...   each rank's torch RNG state
     complete            JSON {"step", "num_stages", "world_size", "files": {name: {"bytes", "sha256"}}},
                         written last by rank 0
@@ -69,7 +70,7 @@ def _stage_state(trainer: PipelineTrainer) -> dict[str, Any]:
                                             if idx not in dropped}}
     scheduler = trainer.lr_scheduler.state_dict() if trainer.lr_scheduler is not None else {}
     return {"model": model, "optimizer": optimizer, "lr_scheduler": scheduler, "step": trainer.step_count,
-            "ops": list(trainer.stage_info.ops),
+            "model_keys": trainer.model_keys, "ops": list(trainer.stage_info.ops),
             "param_names": names, "shared_from": elsewhere}
 
 

@@ -33,6 +33,7 @@ from graphpipe.runtime.comm import DistTransport, Transport
 from graphpipe.runtime.executor import LossFn, StageExecutor
 from graphpipe.runtime.grad_clip import clip_global_grad_norm_
 from graphpipe.runtime.materialize import materialize
+from graphpipe.runtime.model_keys import model_keys
 from graphpipe.runtime.shared_grads import SharedGrads
 from graphpipe.runtime.stage_module import StageModule, split_stages
 from graphpipe.schedule.action import Action, ActionKind
@@ -101,6 +102,7 @@ class PipelineTrainer:
         self.input_names = tuple(node.name for node in traced.graph.nodes if node.op == "placeholder")
         stages = split_stages(self.captured, plan)
         self.stage: StageModule = stages[self.stage_info.idx]
+        self.model_keys = model_keys(model)  # what the model's own state_dict holds: checkpoints record it
         self._materialize(model, traced, weights, init_seed)
         self.stage.module.to(self.device)
         place_graph_on(self.stage.module, self.device)  # the tensors its ops create, on the rank's device too

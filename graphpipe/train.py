@@ -4,8 +4,9 @@
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint host:29500 ... -m graphpipe.train --plan plan.json
 
 The model comes from --model/--preset (default: the plan's `model_spec`), built with the
-same seed on every rank. Data is synthetic: the model's example batch of the plan's
-mini-batch size, its rows shuffled every step by a generator seeded with (seed, step).
+same seed on every rank. The data is `--data` (`graphpipe.runtime.data`: a dataset or an iterable of
+mini-batches, the same on every rank), or else the model's example batch of the plan's mini-batch size,
+its rows shuffled every step by a generator seeded with (seed, step).
 Rank 0 shows a progress bar and writes per-step metrics (--metrics-out, JSON lines).
 A rank that fails prints `rank R: error: ...` and exits non-zero; torchrun stops the rest.
 """
@@ -60,6 +61,10 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--capture", choices=("auto", "fx", "export"), default=None,
                         help="how to capture the model when planning it here (graphpipe train without --plan); "
                              "the ranks capture it as the plan records")
+    parser.add_argument("--data", default=None, metavar="FILE.py:factory",
+                        help="training data: the factory returns a dataset of (inputs, target) samples or an "
+                             "iterable of (inputs, targets) mini-batches (default: the model's example batch, its "
+                             "rows shuffled each step)")
     parser.add_argument("--steps", type=int, default=10, help="train until this many steps are done")
     parser.add_argument("--schedule", choices=SCHEDULE_NAMES, default=None, help="schedule (default: the plan's)")
     parser.add_argument("--lr", type=float, default=1e-3, help="learning rate")
@@ -122,6 +127,8 @@ def train_args_problem(args: argparse.Namespace) -> str | None:
         return f"--threads must be at least 1, got {args.threads}"
     if args.timeout <= 0:
         return f"--timeout must be above 0 seconds, got {args.timeout:g}"
+    if args.data and not Path(args.data.rsplit(":", 1)[0]).is_file():
+        return f"--data {args.data}: no such file; give path/to/data.py:factory"
     if args.weights and not Path(args.weights).exists():
         return (f"--weights {args.weights} does not exist (give a .safetensors file or a torch.distributed.checkpoint "
                 "directory)")
@@ -273,8 +280,9 @@ def _train_loop(args: argparse.Namespace, plan: Plan, trainer: Any, zoo: Any) ->
     traced: list[Any] = []
     origin = time.monotonic()
     kill_rank, kill_step = _kill_point()
+    data = _mini_batches(args, plan)
     for step in range(trainer.step_count, args.steps):
-        inputs, targets = shuffled_batch(zoo, args.seed, step)
+        inputs, targets = data.at(step) if data is not None else shuffled_batch(zoo, args.seed, step)
         if (rank, step) == (kill_rank, kill_step):
             os.kill(os.getpid(), signal.SIGKILL)
         rate = trainer.learning_rate
@@ -302,6 +310,15 @@ def _train_loop(args: argparse.Namespace, plan: Plan, trainer: Any, zoo: Any) ->
         from graphpipe.runtime.trace import write_rank_trace
 
         write_rank_trace(args.trace, rank, trainer.stage_idx, traced, origin)
+
+
+def _mini_batches(args: argparse.Namespace, plan: Plan) -> Any:
+    """`--data` as mini-batches of the plan's size (the same on every rank), or None for the example batch."""
+    if not args.data:
+        return None
+    from graphpipe.runtime.data import MiniBatches, load_data
+
+    return MiniBatches(load_data(args.data, args.seed), plan.global_batch_size, args.seed, f"--data {args.data}")
 
 
 def non_finite_problem(step: int, loss: float, grad_norm: float | None, checkpoint_dir: str | None) -> str | None:

@@ -24,7 +24,7 @@ from graphpipe.units import format_bytes
 
 FORWARDED = ("model", "preset", "steps", "schedule", "lr", "seed", "checkpoint_dir", "save_every", "trace",
              "timeout", "threads", "dtype", "init", "weights", "optimizer", "batch_norm", "clip_grad_norm",
-             "lr_schedule", "warmup_steps")
+             "lr_schedule", "warmup_steps", "data")
 
 
 def add_parser(subparsers: Any) -> None:

@@ -31,7 +31,7 @@ def is_file_spec(spec: str) -> bool:
 
 def load_user_model(spec: str, preset: str, *, batch_size: int | None, device: torch.device, seed: int,
                     empty: bool = False, **overrides: Any) -> ZooModel:
-    factory = _load_factory(spec)
+    factory = load_factory(spec)
     offered: dict[str, Any] = {"preset": preset, "seed": seed, "device": device}
     if batch_size is not None:
         offered["batch_size"] = batch_size
@@ -68,7 +68,7 @@ def repeat_rows(zoo: ZooModel, batch_size: int) -> ZooModel:
     return ZooModel(zoo.model, take(zoo.inputs), take(zoo.targets), zoo.loss_fn)
 
 
-def _load_factory(spec: str) -> Callable[..., Any]:
+def load_factory(spec: str) -> Callable[..., Any]:
     if ":" not in spec:
         raise ModelLoadError(f"model spec {spec!r} names a file but no factory; write {spec}:factory_name")
     path_str, name = spec.rsplit(":", 1)

@@ -21,6 +21,7 @@ from tests.runtime.helpers import by_target, plan_from
 pytestmark = pytest.mark.dist
 LR = 0.01
 NUM_STEPS = 5
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _plan_file(tmp_path: Path) -> Path:
@@ -118,3 +119,35 @@ def _losses_from(zoo: object, num_steps: int) -> list[float]:
         optimizer.step()
         losses.append(loss.item())
     return losses
+
+
+def test_training_on_data_resumes_with_the_next_unseen_mini_batch_and_equals_one_device(tmp_path: Path) -> None:
+    """`--data` (a dataset of 20 samples: 2 mini-batches of 8 an epoch), 2 steps, then `--resume` to 4: the
+    losses are one device's on the same mini-batches, the third from the second epoch's permutation."""
+    from graphpipe.runtime.data import MiniBatches, load_data
+
+    data = f"{REPO / 'tests' / 'runtime' / 'data_factories.py'}:dataset"
+    ckpt = tmp_path / "ckpt"
+
+    def run(steps: int, *extra: str) -> list[float]:
+        command = [sys.executable, "-m", "graphpipe.cli.main", "train", "--model", "toy_chain", "--data", data,
+                   "--mini-batch", "8", "--nproc", "2", "--steps", str(steps), "--lr", str(LR), "--checkpoint-dir",
+                   str(ckpt), "--json", *extra]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=180,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert done.returncode == 0, done.stderr[-3000:]
+        return [row["loss"] for row in json.loads(done.stdout)["steps"]]
+
+    losses = run(2) + run(4, "--resume")
+    model = load_model("toy_chain", "tiny", batch_size=8, seed=0)
+    optimizer = torch.optim.Adam(model.model.parameters(), lr=LR)
+    batches = MiniBatches(load_data(data, 0), 8, seed=0)
+    expected = []
+    for step in range(4):
+        inputs, targets = batches.at(step)
+        optimizer.zero_grad()
+        loss = model.loss_fn(model.model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        expected.append(loss.item())
+    assert losses == pytest.approx(expected, rel=1e-5)

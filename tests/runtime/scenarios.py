@@ -230,17 +230,26 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
 )}
 
 
-def reference(scenario: Scenario, num_steps: int) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """Losses and final parameters of single-process Adam training on the same batches."""
+def reference(scenario: Scenario, num_steps: int, *, clip: float | None = None, lr_scheduler: Any = None,
+              norms: list[float] | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Losses and final parameters of single-process Adam training on the same batches (gradients clipped to
+    the global norm `clip`, appending each step's norm to `norms`; the rate following `lr_scheduler(optimizer)`)."""
     model = scenario.model()
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    scheduler = lr_scheduler(optimizer) if lr_scheduler is not None else None
     losses = []
     for inputs, targets in scenario.make_batches(num_steps):
         optimizer.zero_grad()
         given = as_model_inputs(inputs)
         loss = scenario.loss_fn(model(*given.args, **given.kwargs), targets)
         loss.backward()
+        if clip is not None:
+            norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
+            if norms is not None:
+                norms.append(norm)
         optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
         losses.append(loss.item())
     return losses, {name: p.detach().clone() for name, p in model.named_parameters()}
 

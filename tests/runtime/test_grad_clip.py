@@ -7,31 +7,20 @@ import pytest
 import torch
 
 from graphpipe.errors import TrainingError
-from graphpipe.model_inputs import as_model_inputs
 from graphpipe.runtime.comm import InMemoryHub
 from graphpipe.runtime.trainer import PipelineTrainer
 from graphpipe.schedule.generate import make_schedule
 from tests.runtime.helpers import run_threads
-from tests.runtime.scenarios import LR, SCENARIOS, compare
+from tests.runtime.scenarios import LR, SCENARIOS, compare, reference
 
 NUM_STEPS = 3
 CLIP_SHARE = 0.3  # the clip, as a share of the first step's norm: every step is clipped
 
 
 def _one_device(name: str, max_norm: float) -> tuple[list[float], list[float], dict[str, torch.Tensor]]:
-    scenario = SCENARIOS[name]
-    model = scenario.model()
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    losses, norms = [], []
-    for inputs, targets in scenario.make_batches(NUM_STEPS):
-        optimizer.zero_grad()
-        given = as_model_inputs(inputs)
-        loss = scenario.loss_fn(model(*given.args, **given.kwargs), targets)
-        loss.backward()
-        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
-        optimizer.step()
-        losses.append(loss.item())
-    return losses, norms, {key: p.detach().clone() for key, p in model.named_parameters()}
+    norms: list[float] = []
+    losses, params = reference(SCENARIOS[name], NUM_STEPS, clip=max_norm, norms=norms)
+    return losses, norms, params
 
 
 def _first_norm(name: str) -> float:

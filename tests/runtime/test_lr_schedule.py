@@ -11,12 +11,11 @@ from typing import Any
 import pytest
 import torch
 
-from graphpipe.model_inputs import as_model_inputs
 from graphpipe.runtime.comm import InMemoryHub
 from graphpipe.runtime.lr_schedule import lr_factor
 from graphpipe.runtime.trainer import PipelineTrainer
-from tests.runtime.helpers import run_threads
-from tests.runtime.scenarios import LR, SCENARIOS, compare
+from tests.runtime.scenarios import LR, SCENARIOS, compare, reference
+from tests.runtime.test_checkpoint import _steps
 
 NAME, STEPS = "tied_towers3", 4
 FACTOR = lr_factor("cosine", 1, STEPS)
@@ -36,23 +35,6 @@ def test_warm_up_then_decay_to_zero_at_the_last_step() -> None:
         lr_factor("step", 0, 4)
 
 
-def _one_device() -> tuple[list[float], dict[str, torch.Tensor]]:
-    scenario = SCENARIOS[NAME]
-    model = scenario.model()
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    scheduler = _scheduler(optimizer)
-    losses = []
-    for inputs, targets in scenario.make_batches(STEPS):
-        optimizer.zero_grad()
-        given = as_model_inputs(inputs)
-        loss = scenario.loss_fn(model(*given.args, **given.kwargs), targets)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        losses.append(loss.item())
-    return losses, {key: p.detach().clone() for key, p in model.named_parameters()}
-
-
 def _trainers(factory: Callable[[torch.optim.Optimizer], Any]) -> list[PipelineTrainer]:
     scenario = SCENARIOS[NAME]
     plan = scenario.plan()
@@ -62,27 +44,17 @@ def _trainers(factory: Callable[[torch.optim.Optimizer], Any]) -> list[PipelineT
             for rank in range(plan.world_size)]
 
 
-def _train(trainers: list[PipelineTrainer], batches: list[Any], save_to: Path | None = None) -> list[float]:
-    def body(rank: int) -> list[float]:
-        losses = [trainers[rank].step(inputs, targets) for inputs, targets in batches]
-        if save_to is not None:
-            trainers[rank].save(str(save_to))
-        return losses
-
-    return run_threads(len(trainers), body)[0]
-
-
 def test_a_split_run_follows_the_scheduler_as_one_device_does_across_a_checkpoint(tmp_path: Path) -> None:
     torch.set_num_threads(1)
     batches = SCENARIOS[NAME].make_batches(STEPS)
-    first = _train(_trainers(_scheduler), batches[:2], save_to=tmp_path / "step_2")
+    first = _steps(_trainers(_scheduler), batches[:2], save_to=tmp_path / "step_2")
     resumed = _trainers(_scheduler)
     for trainer in resumed:
         trainer.load(str(tmp_path / "step_2"))
     rates = [trainer.learning_rate for trainer in resumed if trainer.learning_rate is not None]
     assert rates and rates == pytest.approx([LR * FACTOR(2)] * len(rates))
-    second = _train(resumed, batches[2:])
-    expected_losses, expected_params = _one_device()
+    second = _steps(resumed, batches[2:])
+    expected_losses, expected_params = reference(SCENARIOS[NAME], STEPS, lr_scheduler=_scheduler)
     params = {key: value.detach().clone() for trainer in resumed for key, value in trainer.named_parameters()}
     problems = compare(first + second, params, expected_losses, expected_params)
     assert not problems, "\n".join(problems)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from graphpipe.graph.mutation import changes_of
+from graphpipe.graph.mutation import changes_of, views_of
 from graphpipe.graph.op_graph import FREE_KINDS, OpNode
 
 __all__ = ["is_inplace_name", "is_mutating", "is_random", "mark_replicated", "op_base_name", "op_changes",
@@ -34,22 +34,53 @@ _INPLACE_OPERATORS = frozenset({"iadd", "isub", "imul", "itruediv", "ifloordiv",
 
 
 def mark_replicated(ops: Sequence[OpNode]) -> tuple[OpNode, ...]:
-    """The ops with `replicated` set by the rule above (ops in topological order)."""
-    readers = trainable_param_readers(ops)
+    """The ops with `replicated` set by the rule above (ops in topological order). A replicated tensor that an
+    op which is not replicated writes (a mask filled from an activation) is that op's stage's copy only after
+    the write, so the ops that read it later are not replicated either; found by marking again until no such
+    reader is left."""
     changes = op_changes(ops)
+    kept_out: set[str] = set()
+    while True:
+        free = _free_ops(ops, changes, kept_out)
+        late = _late_readers(ops, changes, free) - kept_out
+        if not late:
+            break
+        kept_out |= late
+    return tuple(op if op.replicated == (op.name in free) else replace(op, replicated=op.name in free) for op in ops)
+
+
+def _free_ops(ops: Sequence[OpNode], changes: dict[str, tuple[str, ...]], kept_out: set[str]) -> set[str]:
+    readers = trainable_param_readers(ops)
     kinds = {op.name: op.kind for op in ops}
     free: set[str] = set()
-    out = []
     for op in ops:
         writes_own_copy = op.name in changes and kinds[changes[op.name][-1]] not in FREE_KINDS
-        flag = op.kind in FREE_KINDS or (
-            op.kind in ("call_function", "call_method") and op.name not in readers
-            and (writes_own_copy or not is_mutating(op)) and not is_random(op)
-            and all(src in free for src in op.inputs))
-        if flag:
+        if op.kind in FREE_KINDS or (
+                op.kind in ("call_function", "call_method") and op.name not in readers and op.name not in kept_out
+                and (writes_own_copy or not is_mutating(op)) and not is_random(op)
+                and all(src in free for src in op.inputs)):
             free.add(op.name)
-        out.append(op if op.replicated == flag else replace(op, replicated=flag))
-    return tuple(out)
+    return free
+
+
+def _late_readers(ops: Sequence[OpNode], changes: dict[str, tuple[str, ...]], free: set[str]) -> set[str]:
+    """Replicated ops that read, after a write that is not replicated, the tensor it writes (or a view)."""
+    position = {op.name: idx for idx, op in enumerate(ops)}
+    by_name = {op.name: op for op in ops}
+    first_readers: dict[str, list[str]] = {}
+    for op in ops:
+        if op.inputs:
+            first_readers.setdefault(op.inputs[0], []).append(op.name)
+    late: set[str] = set()
+    for writer, chain in changes.items():
+        if writer in free or chain[-1] not in free or by_name[chain[-1]].kind in FREE_KINDS:
+            continue
+        others = {root: [reader for reader in names if reader != writer] for root, names in first_readers.items()}
+        aliases = views_of((chain[-1],), others, lambda name: op_base_name(by_name[name]),
+                           lambda name: is_mutating(by_name[name]))
+        late |= {op.name for op in ops if op.name in free and position[op.name] > position[writer]
+                 and any(src in aliases for src in op.inputs)}
+    return late
 
 
 def trainable_param_readers(ops: Sequence[OpNode]) -> set[str]:

@@ -2,8 +2,9 @@
 
 The factory (called with no arguments, or with `seed=`) returns either
 - a map-style dataset (a `torch.utils.data.Dataset`, or any object with `__len__` and `__getitem__`
-  but a list or a tuple), each item an `(inputs, target)` pair: mini-batch k of an epoch is the samples at positions k*B .. (k+1)*B of a
-  permutation drawn from (seed, epoch), collated with `default_collate`, the last partial one dropped; or
+  but a list or a tuple), each item an `(inputs, target)` pair: mini-batch k of an epoch is the samples
+  at positions k*B .. (k+1)*B of a permutation drawn from (seed, epoch), collated with
+  `default_collate`, the last partial one dropped; or
 - an iterable (a list, a tuple, a generator, a `DataLoader`) of `(inputs, targets)` mini-batches of B
   samples each, used in order (epoch after epoch when it can be iterated again).
 Every rank builds the same data and passes the whole mini-batch to `PipelineTrainer.step`, which cuts each

@@ -26,6 +26,19 @@ class FilledMask(nn.Module):
         return self.b(torch.tanh(self.a(x)) * mask) * mask
 
 
+class MaskFromActivation(nn.Module):
+    """A mask made from the inputs, filled from an activation, then summed: the sum depends on the activation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = torch.ones_like(x)
+        mask[:, 0] = self.a(x)[:, 0]
+        return self.b(x) * mask.sum(1, keepdim=True)
+
+
 class WritesActivation(nn.Module):
     """An activation read by a branch, then written in place and read again."""
 
@@ -44,6 +57,17 @@ def test_a_mask_filled_in_place_is_replicated_with_its_fill() -> None:
     graph = capture(FilledMask(), (torch.randn(3, 4),))
     (writer,) = op_changes(graph.ops)
     assert graph.op(writer).replicated and "ones_like" in graph.op(op_changes(graph.ops)[writer][-1]).target
+
+
+def test_what_reads_a_replicated_tensor_after_an_activation_is_written_into_it_is_not_replicated() -> None:
+    graph = capture(MaskFromActivation(), (torch.randn(3, 4),))
+    (writer,) = op_changes(graph.ops)
+    root = op_changes(graph.ops)[writer][-1]
+    assert graph.op(root).replicated and not graph.op(writer).replicated
+    total = next(op for op in graph.ops if "sum" in op.target)
+    assert not total.replicated  # it reads the filled mask
+    (group,) = [group for group in colocation_groups(graph) if writer in group]
+    assert total.name in group
 
 
 def test_a_write_to_an_activation_shares_a_stage_with_its_later_readers() -> None:

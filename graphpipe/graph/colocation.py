@@ -85,10 +85,9 @@ def _write_pairs(graph: OpGraph) -> list[tuple[str, str]]:
     pairs: list[tuple[str, str]] = []
     for writer, chain in changes.items():
         pairs += [(writer, view) for view in chain if not graph.op(view).replicated]
-        others = {root: [reader for reader in readers if reader != writer] for root, readers in first_readers.items()}
-        aliases = views_of((chain[-1],), others, lambda name: op_base_name(graph.op(name)),
-                           lambda name: is_mutating(graph.op(name)))  # not through the writer: its readers have
-        # a data edge from it
+        aliases = views_of((chain[-1],), first_readers, lambda name: op_base_name(graph.op(name)),
+                           lambda name: is_mutating(graph.op(name)), skip=writer)  # its own readers have a data
+        # edge from it
         later = {reader for alias in aliases for reader in graph.successors(alias)
                  if graph.index(reader) > graph.index(writer) and not graph.op(reader).replicated}
         pairs += [(writer, reader) for reader in sorted(later, key=graph.index)]

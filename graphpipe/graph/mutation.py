@@ -56,14 +56,14 @@ def changes_of(names: Iterable[str], first_input: Callable[[str], str | None], b
 
 
 def views_of(roots: Iterable[str], readers: Mapping[str, Iterable[str]],
-             base_name: Callable[[str], str], is_inplace: Callable[[str], bool]) -> set[str]:
-    """The roots and every view or in-place result made from them, transitively (`readers`: each op's
-    readers whose first input it is)."""
+             base_name: Callable[[str], str], is_inplace: Callable[[str], bool], skip: str | None = None) -> set[str]:
+    """The roots and every view or in-place result made from them, transitively, not through `skip`
+    (`readers`: each op's readers whose first input it is)."""
     found = set(roots)
     stack = list(found)
     while stack:
         for reader in readers.get(stack.pop(), ()):
-            if reader not in found and (base_name(reader) in VIEW_NAMES or is_inplace(reader)):
+            if reader != skip and reader not in found and (base_name(reader) in VIEW_NAMES or is_inplace(reader)):
                 found.add(reader)
                 stack.append(reader)
     return found

@@ -75,9 +75,8 @@ def _late_readers(ops: Sequence[OpNode], changes: dict[str, tuple[str, ...]], fr
     for writer, chain in changes.items():
         if writer in free or chain[-1] not in free or by_name[chain[-1]].kind in FREE_KINDS:
             continue
-        others = {root: [reader for reader in names if reader != writer] for root, names in first_readers.items()}
-        aliases = views_of((chain[-1],), others, lambda name: op_base_name(by_name[name]),
-                           lambda name: is_mutating(by_name[name]))
+        aliases = views_of((chain[-1],), first_readers, lambda name: op_base_name(by_name[name]),
+                           lambda name: is_mutating(by_name[name]), skip=writer)
         late |= {op.name for op in ops if op.name in free and position[op.name] > position[writer]
                  and any(src in aliases for src in op.inputs)}
     return late

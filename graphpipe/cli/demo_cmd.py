@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     why = why_no_gain(outcomes, cluster)
     if why:
         print(f"\n{why}")
+    if why and (args.cluster, args.devices) != (DESCRIBED[1], DESCRIBED[0]):
         described = _described_outcomes(graph, args)
         print(f"\n   the same model and mini-batch on {DESCRIBED[0]} devices of the `{DESCRIBED[1]}` preset "
               "(analytic costs), a device per stage:\n")

@@ -360,27 +360,31 @@ def _rank_main(rank: int, port: int, prepared: list[dict[str, Any]], rounds: int
     out.put(("done", rank, None))
 
 
-def measure(prepared: list[dict[str, Any]], rounds: int, iters: int) -> tuple[dict[str, Any], dict[Any, Any]]:
+def spawn_ranks(world: int, target: Any, args: tuple[Any, ...], timeout_s: float = 1800) -> list[tuple[Any, ...]]:
+    """Run `target(rank, port, *args, queue)` in `world` spawned processes joined by a TCP store; the messages
+    they put, (kind, key, payload), until each has put ("done", rank, None). ("error", rank, text) raises."""
     ctx = mp.get_context("spawn")
-    store = dist.TCPStore("127.0.0.1", 0, WORLD + 1, is_master=True, wait_for_workers=False)
+    store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False)
     queue: Any = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, store.port, prepared, rounds, iters, queue)) for r in range(WORLD)]
+    procs = [ctx.Process(target=target, args=(rank, store.port, *args, queue)) for rank in range(world)]
     for proc in procs:
         proc.start()
-    results: dict[str, dict[str, list[float]]] = {}
-    actions: dict[Any, Any] = {}
-    done = 0
-    while done < WORLD:
-        kind, key, payload = queue.get(timeout=1800)
+    messages, done = [], 0
+    while done < world:
+        kind, key, payload = queue.get(timeout=timeout_s)
         if kind == "error":
             raise RuntimeError(f"rank {key} failed:\n{payload}")
-        if kind == "times":
-            results[key] = payload
-        if kind == "actions":
-            actions[key] = payload
+        messages.append((kind, key, payload))
         done += kind == "done"
     for proc in procs:
         proc.join()
+    return messages
+
+
+def measure(prepared: list[dict[str, Any]], rounds: int, iters: int) -> tuple[dict[str, Any], dict[Any, Any]]:
+    messages = spawn_ranks(WORLD, _rank_main, (prepared, rounds, iters))
+    results = {key: payload for kind, key, payload in messages if kind == "times"}
+    actions = {key: payload for kind, key, payload in messages if kind == "actions"}
     return results, actions
 
 

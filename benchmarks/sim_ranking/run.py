@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import multiprocessing as mp
 import os
 import statistics
 import sys
@@ -42,7 +41,7 @@ import torch.distributed as dist
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "runtime"))
 
-from bench_runtime import TERMS, calibrated_device, cpu_snapshot, predict  # noqa: E402
+from bench_runtime import TERMS, calibrated_device, cpu_snapshot, predict, spawn_ranks  # noqa: E402
 from calibrate_host import measure_executor_overheads, measure_link, measure_overheads  # noqa: E402
 
 from graphpipe.stages.stage_graph import Plan  # noqa: E402
@@ -178,24 +177,8 @@ def _rank_main(rank: int, port: int, prepared: list[dict[str, Any]], rounds: int
 
 
 def measure(prepared: list[dict[str, Any]], rounds: int, iters: int) -> dict[str, Any]:
-    ctx = mp.get_context("spawn")
-    store = dist.TCPStore("127.0.0.1", 0, WORLD + 1, is_master=True, wait_for_workers=False)
-    queue: Any = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, store.port, prepared, rounds, iters, queue)) for r in range(WORLD)]
-    for proc in procs:
-        proc.start()
-    results: dict[str, Any] = {}
-    done = 0
-    while done < WORLD:
-        kind, key, payload = queue.get(timeout=1800)
-        if kind == "error":
-            raise RuntimeError(f"rank {key} failed:\n{payload}")
-        if kind == "times":
-            results[key] = payload
-        done += kind == "done"
-    for proc in procs:
-        proc.join()
-    return results
+    messages = spawn_ranks(WORLD, _rank_main, (prepared, rounds, iters))
+    return {key: payload for kind, key, payload in messages if kind == "times"}
 
 
 # ---- report -------------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ ms per event kind (`bench_runtime.simulated_actions`, the measured op costs).
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import statistics
 import sys
 import time
@@ -28,7 +27,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "runtime"))
 
 import run  # noqa: E402
-from bench_runtime import action_times, simulated_actions  # noqa: E402
+from bench_runtime import action_times, simulated_actions, spawn_ranks  # noqa: E402
 from calibrate_host import measure_link  # noqa: E402
 
 from graphpipe.stages.stage_graph import Plan  # noqa: E402
@@ -62,14 +61,15 @@ def _rank_main(rank: int, port: int, item: dict[str, Any], out: Any) -> None:
                 start = time.perf_counter()
                 trainer.step(inputs, targets)
                 walls.append(time.perf_counter() - start)
-                actions.append(action_times(trainer))
+                actions.append(action_times(trainer) if not trainer.idle else {})  # a rank the plan leaves idle
             kinds = sorted({kind for step in actions for kind in step})
             found.append({"wall": 1e3 * statistics.median(walls),
                           **{kind: 1e3 * statistics.median(step.get(kind, 0.0) for step in actions) for kind in kinds}})
-        out.put((rank, found))
+        out.put(("rows", rank, found))
         dist.destroy_process_group()
     except BaseException:
-        out.put((rank, traceback.format_exc()))
+        out.put(("error", rank, traceback.format_exc()))
+    out.put(("done", rank, None))
 
 
 def main() -> None:
@@ -80,18 +80,8 @@ def main() -> None:
     item = run.prepare(args.model, measure_link())
     item["candidates"] = [row for row in item["candidates"]
                           if Plan.from_dict(row["plan"]).stages[0].micro_batch_size == args.micro_batch]
-    ctx = mp.get_context("spawn")
-    store = dist.TCPStore("127.0.0.1", 0, run.WORLD + 1, is_master=True, wait_for_workers=False)
-    queue: Any = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(rank, store.port, item, queue)) for rank in range(run.WORLD)]
-    for proc in procs:
-        proc.start()
-    measured = dict(queue.get(timeout=900) for _ in procs)
-    for proc in procs:
-        proc.join()
-    for rank, rows in measured.items():
-        if isinstance(rows, str):
-            raise RuntimeError(f"rank {rank} failed:\n{rows}")
+    measured = {key: payload for kind, key, payload in spawn_ranks(run.WORLD, _rank_main, (item,), timeout_s=900)
+                if kind == "rows"}
     from graphpipe.cost.cluster import Cluster
 
     cluster = Cluster.from_dict(item["cluster"])

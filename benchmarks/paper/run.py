@@ -392,17 +392,17 @@ def ablation(work: Workload, progress: Progress) -> list[Run]:
 
 def branch_sweep(work: Workload, progress: Progress) -> list[Run]:
     """candle_uno with more and more branches on a fixed number of devices."""
-    s = work.setup
-    n = s.branch_devices
-    return [_logged(progress, work.run("branches", "candle_uno", n, s.batch(n), p,
-                                       overrides={"num_branches": k}))
-            for k in s.branch_counts for p in s.branch_planners]
+    return _branch_runs(work, progress, "branches", lambda _: work.setup.branch_devices)
 
 
 def branch_pairs(work: Workload, progress: Progress) -> list[Run]:
     """candle_uno with k branches on k devices, the paper's pairing, 8 samples per device."""
+    return _branch_runs(work, progress, "branches_paired", lambda k: k)
+
+
+def _branch_runs(work: Workload, progress: Progress, experiment: str, devices: Callable[[int], int]) -> list[Run]:
     s = work.setup
-    return [_logged(progress, work.run("branches_paired", "candle_uno", k, s.batch(k), p,
+    return [_logged(progress, work.run(experiment, "candle_uno", devices(k), s.batch(devices(k)), p,
                                        overrides={"num_branches": k}))
             for k in s.branch_counts for p in s.branch_planners]
 

@@ -48,6 +48,7 @@ class MiniBatches:
             raise UsageError(f"{label} is a {type(source).__name__}: return a dataset (__len__ and __getitem__) "
                              "or an iterable of (inputs, targets) mini-batches")
         self._stream: Iterator[Any] | None = None
+        self._order: tuple[int, torch.Tensor] | None = None  # (epoch, its permutation)
         self._next_step = 0
 
     @property
@@ -61,8 +62,10 @@ class MiniBatches:
     def _from_dataset(self, step: int) -> tuple[Any, Any]:
         per_epoch = len(self.source) // self.batch_size
         epoch, index = divmod(step, per_epoch)
-        order = torch.randperm(len(self.source), generator=torch.Generator().manual_seed(self.seed * 1_000_003
-                                                                                          + epoch))
+        if self._order is None or self._order[0] != epoch:  # drawn once an epoch, not once a step
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._order = (epoch, torch.randperm(len(self.source), generator=generator))
+        order = self._order[1]
         picked = order[index * self.batch_size:(index + 1) * self.batch_size].tolist()
         return _pair(default_collate([self.source[i] for i in picked]), self.label)
 

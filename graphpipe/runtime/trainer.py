@@ -205,7 +205,7 @@ class PipelineTrainer:
     def _optimizer_step(self) -> None:
         self.batch_norm.commit()
         if self.clip_grad_norm is not None:
-            self.last_grad_norm = clip_global_grad_norm_(self._counted_params(), self._held_params(),
+            self.last_grad_norm = clip_global_grad_norm_(self._counted_params(), self.executor.params,
                                                          self.clip_grad_norm, self.transport,
                                                          tuple(range(self.plan.world_size)), self.device)
         if self.optimizer is not None:
@@ -217,9 +217,6 @@ class PipelineTrainer:
     def learning_rate(self) -> float | None:
         """The learning rate the next step uses (its first parameter group's); None without parameters."""
         return float(self.optimizer.param_groups[0]["lr"]) if not self.idle and self.optimizer is not None else None
-
-    def _held_params(self) -> list[nn.Parameter]:
-        return [param for _, param in self.stage.named_parameters()]
 
     def _counted_params(self) -> list[nn.Parameter]:
         """The parameters whose gradients this rank adds to the global norm, so that each counts once: the

@@ -319,6 +319,22 @@ def cpu_snapshot(pids: list[int]) -> tuple[float, float]:
         return 0.0, 0.0
 
 
+def timed_round(run: Any, iters: int, pids: list[int], rank: int) -> tuple[float, float, float]:
+    """`iters` calls of `run` between two barriers: seconds per call and, on rank 0 (zeros elsewhere), the share
+    of the machine's cores other processes used meanwhile and the cores `pids` kept busy (from /proc)."""
+    dist.barrier()
+    busy, ours = cpu_snapshot(pids) if rank == 0 else (0.0, 0.0)
+    start = time.perf_counter()
+    for _ in range(iters):
+        run()
+    dist.barrier()
+    wall = time.perf_counter() - start
+    if rank != 0:
+        return wall / iters, 0.0, 0.0
+    busy_end, ours_end = cpu_snapshot(pids)
+    return wall / iters, max(0.0, (busy_end - busy) - (ours_end - ours)) / (wall * CPUS), (ours_end - ours) / wall
+
+
 def _rank_main(rank: int, port: int, prepared: list[dict[str, Any]], rounds: int, iters: int, out: Any) -> None:
     torch.set_num_threads(1)
     try:
@@ -337,18 +353,11 @@ def _rank_main(rank: int, port: int, prepared: list[dict[str, Any]], rounds: int
                 run()
             for _ in range(rounds):
                 for key, run in runners.items():
-                    dist.barrier()
-                    busy, ours = cpu_snapshot(pids) if rank == 0 else (0.0, 0.0)
-                    start = time.perf_counter()
-                    for _ in range(iters):
-                        run()
-                    dist.barrier()
-                    wall = time.perf_counter() - start
-                    times[key].append(wall / iters)
+                    seconds, other_share, ours_cores = timed_round(run, iters, pids, rank)
+                    times[key].append(seconds)
                     if rank == 0:
-                        busy_end, ours_end = cpu_snapshot(pids)
-                        other[key].append(max(0.0, (busy_end - busy) - (ours_end - ours)) / (wall * CPUS))
-                        ours_load[key].append((ours_end - ours) / wall)
+                        other[key].append(other_share)
+                        ours_load[key].append(ours_cores)
                     if key in trainers:
                         actions[key].append(action_times(trainers[key]))
             out.put(("actions", (item["model"], rank), actions))

@@ -29,7 +29,6 @@ import json
 import os
 import statistics
 import sys
-import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -41,7 +40,7 @@ import torch.distributed as dist
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "runtime"))
 
-from bench_runtime import TERMS, calibrated_device, cpu_snapshot, predict, spawn_ranks  # noqa: E402
+from bench_runtime import TERMS, calibrated_device, predict, spawn_ranks, timed_round  # noqa: E402
 from calibrate_host import measure_executor_overheads, measure_link, measure_overheads  # noqa: E402
 
 from graphpipe.stages.stage_graph import Plan  # noqa: E402
@@ -156,18 +155,10 @@ def _rank_main(rank: int, port: int, prepared: list[dict[str, Any]], rounds: int
             other: list[list[float]] = [[] for _ in runners]
             for _ in range(rounds):
                 for idx, run in enumerate(runners):
-                    dist.barrier()
-                    busy, ours = cpu_snapshot(pids) if rank == 0 else (0.0, 0.0)
-                    start = time.perf_counter()
-                    for _ in range(iters):
-                        run()
-                    dist.barrier()
-                    wall = time.perf_counter() - start
-                    times[idx].append(wall / iters)
+                    seconds, other_share, _ = timed_round(run, iters, pids, rank)
+                    times[idx].append(seconds)
                     if rank == 0:
-                        busy_end, ours_end = cpu_snapshot(pids)
-                        cpus = os.cpu_count() or 1
-                        other[idx].append(max(0.0, (busy_end - busy) - (ours_end - ours)) / (wall * cpus))
+                        other[idx].append(other_share)
             if rank == 0:
                 out.put(("times", item["model"], {"times": times, "other": other}))
         dist.destroy_process_group()

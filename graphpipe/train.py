@@ -65,6 +65,14 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
                         help="training data: the factory returns a dataset of (inputs, target) samples or an "
                              "iterable of (inputs, targets) mini-batches (default: the model's example batch, its "
                              "rows shuffled each step)")
+    parser.add_argument("--eval-data", default=None, metavar="FILE.py:factory",
+                        help="validation data, as --data: its whole mini-batches are evaluated forward only (eval "
+                             "mode, no gradients) every --eval-every steps and after the last")
+    parser.add_argument("--eval-every", type=int, default=0, metavar="N",
+                        help="evaluate --eval-data every N steps (default 0: only after the last step)")
+    parser.add_argument("--accumulate", type=int, default=1, metavar="K",
+                        help="each step adds up the gradients of K of the plan's mini-batches before one optimizer "
+                             "step: a mini-batch K times the plan's (default 1)")
     parser.add_argument("--steps", type=int, default=10, help="train until this many steps are done")
     parser.add_argument("--schedule", choices=SCHEDULE_NAMES, default=None, help="schedule (default: the plan's)")
     parser.add_argument("--lr", type=float, default=1e-3, help="learning rate")
@@ -127,12 +135,27 @@ def train_args_problem(args: argparse.Namespace) -> str | None:
         return f"--threads must be at least 1, got {args.threads}"
     if args.timeout <= 0:
         return f"--timeout must be above 0 seconds, got {args.timeout:g}"
-    if args.data and not Path(args.data.rsplit(":", 1)[0]).is_file():
-        return f"--data {args.data}: no such file; give path/to/data.py:factory"
+    if not (math.isfinite(args.lr) and args.lr >= 0):
+        return f"--lr must be a finite number of at least 0, got {args.lr:g}: give the optimizer's step size, e.g. 1e-3"
+    for flag, spec in (("--data", args.data), ("--eval-data", args.eval_data)):
+        if spec and not Path(spec.rsplit(":", 1)[0]).is_file():
+            return f"{flag} {spec}: no such file; give path/to/data.py:factory"
+    if args.eval_every < 0 or (args.eval_every and not args.eval_data):
+        return (f"--eval-every {args.eval_every}: give a number of steps (0: only after the last) together with "
+                "--eval-data FILE.py:factory")
+    if args.accumulate < 1:
+        return f"--accumulate must be at least 1 (mini-batches per optimizer step), got {args.accumulate}"
     if args.weights and not Path(args.weights).exists():
         return (f"--weights {args.weights} does not exist (give a .safetensors file or a torch.distributed.checkpoint "
                 "directory)")
-    return output_paths_problem(args.checkpoint_dir, args.trace)
+    problem = output_paths_problem(args.checkpoint_dir, args.trace)
+    if problem or not hasattr(args, "nproc"):
+        return problem
+    # `graphpipe train` (its options have --nproc) checks the loss and --weights once, before it starts the
+    # ranks; a rank leaves them to its own model building, which fails the same way
+    from graphpipe.runtime.preflight import model_problem
+
+    return model_problem(args)
 
 
 def cuda_devices_problem(ranks_here: int) -> str | None:
@@ -281,8 +304,9 @@ def _train_loop(args: argparse.Namespace, plan: Plan, trainer: Any, zoo: Any) ->
     origin = time.monotonic()
     kill_rank, kill_step = _kill_point()
     data = _mini_batches(args, plan)
+    evaluation = _eval_batches(args, plan, rank)
     for step in range(trainer.step_count, args.steps):
-        inputs, targets = data.at(step) if data is not None else shuffled_batch(zoo, args.seed, step)
+        inputs, targets = data.at(step) if data is not None else _example_batches(zoo, args, step)
         if (rank, step) == (kill_rank, kill_step):
             os.kill(os.getpid(), signal.SIGKILL)
         rate = trainer.learning_rate
@@ -292,10 +316,12 @@ def _train_loop(args: argparse.Namespace, plan: Plan, trainer: Any, zoo: Any) ->
         peaks = _gather_peaks(peak_memory_bytes(trainer.device), trainer)
         if args.trace:
             traced.append(list(trainer.executor.events))
+        evaluated = mean_eval_loss(trainer, evaluation) if evaluation and _should_eval(args, step + 1) else None
         metrics = StepMetrics(step=step + 1, loss=loss, iteration_s=elapsed,
-                              samples_per_s=plan.global_batch_size / elapsed, simulated_iteration_s=simulated,
-                              peak_memory_bytes=peaks, simulation_calibrated=simulation_calibrated(plan),
-                              grad_norm=trainer.last_grad_norm, learning_rate=rate)
+                              samples_per_s=plan.global_batch_size * args.accumulate / elapsed,
+                              simulated_iteration_s=simulated, peak_memory_bytes=peaks,
+                              simulation_calibrated=simulation_calibrated(plan), grad_norm=trainer.last_grad_norm,
+                              learning_rate=rate, eval_loss=evaluated)
         if rank == 0:
             _report(args, bar, metrics)
         problem = None if trainer.idle else non_finite_problem(step + 1, loss, trainer.last_grad_norm,
@@ -318,7 +344,51 @@ def _mini_batches(args: argparse.Namespace, plan: Plan) -> Any:
         return None
     from graphpipe.runtime.data import MiniBatches, load_data
 
-    return MiniBatches(load_data(args.data, args.seed), plan.global_batch_size, args.seed, f"--data {args.data}")
+    return MiniBatches(load_data(args.data, args.seed), plan.global_batch_size, args.seed, f"--data {args.data}",
+                       accumulate=args.accumulate)
+
+
+def _example_batches(zoo: Any, args: argparse.Namespace, step: int) -> tuple[Any, Any]:
+    """The example batch, shuffled for this step (`--accumulate` k: k of them, each shuffled its own way)."""
+    if args.accumulate == 1:
+        return shuffled_batch(zoo, args.seed, step)
+    from graphpipe.runtime.data import join_batches
+
+    return join_batches([shuffled_batch(zoo, args.seed, step * args.accumulate + k) for k in range(args.accumulate)])
+
+
+def _eval_batches(args: argparse.Namespace, plan: Plan, rank: int) -> list[tuple[Any, Any]]:
+    """The whole mini-batches of `--eval-data` (none without it); rank 0 says what a last partial one left out."""
+    if not args.eval_data:
+        return []
+    from graphpipe.runtime.data import eval_batches, load_data
+
+    label = f"--eval-data {args.eval_data}"
+    batches, left_out = eval_batches(load_data(args.eval_data, args.seed), plan.global_batch_size, label)
+    if not batches:
+        raise TrainingError(f"{label} holds no whole mini-batch of {plan.global_batch_size} samples (the plan's "
+                            "size): give more validation samples")
+    if left_out and rank == 0:
+        print(f"graphpipe train: note: {label}: {left_out} samples beyond the last whole mini-batch of "
+              f"{plan.global_batch_size} are not evaluated", file=sys.stderr, flush=True)
+    return batches
+
+
+def mean_eval_loss(trainer: Any, batches: list[tuple[Any, Any]]) -> float:
+    """The mean of `trainer.evaluate` over the mini-batches, weighted by their samples (every rank of the plan
+    runs it: the same value everywhere)."""
+    from graphpipe.runtime.data import num_samples
+
+    total = count = 0.0
+    for inputs, targets in batches:
+        size = num_samples(targets)
+        total += trainer.evaluate(inputs, targets) * size
+        count += size
+    return total / count
+
+
+def _should_eval(args: argparse.Namespace, done: int) -> bool:
+    return bool(done == args.steps or (args.eval_every > 0 and done % args.eval_every == 0))
 
 
 def non_finite_problem(step: int, loss: float, grad_norm: float | None, checkpoint_dir: str | None) -> str | None:

@@ -24,7 +24,7 @@ from graphpipe.units import format_bytes
 
 FORWARDED = ("model", "preset", "steps", "schedule", "lr", "seed", "checkpoint_dir", "save_every", "trace",
              "timeout", "threads", "dtype", "init", "weights", "optimizer", "batch_norm", "clip_grad_norm",
-             "lr_schedule", "warmup_steps", "data")
+             "lr_schedule", "warmup_steps", "data", "eval_data", "eval_every", "accumulate")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -39,7 +39,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--nproc", type=positive_int, required=True, help="processes (devices) to start")
     parser.add_argument("--plan", default=None, help="plan.json for --nproc devices (default: plan now)")
     parser.add_argument("--mini-batch", "--batch", dest="batch", type=positive_int, default=None,
-                        help="mini-batch size when planning (default: the model's example batch)")
+                        help="mini-batch size when planning (default: the model's example batch); with --plan, a "
+                             "multiple of the plan's mini-batch accumulates that many of them per step")
     parser.add_argument("--use-all-devices", action="store_true",
                         help="when planning, keep only plans that use all --nproc devices (default: a plan may "
                              "leave some ranks idle)")
@@ -123,12 +124,26 @@ def _given_plan(args: argparse.Namespace) -> Plan:
     """The --plan file, checked here against --nproc and the model: the workers take seconds to start,
     and each would only repeat the same error."""
     plan = Plan.load(args.plan)
+    _accumulate_to(args, plan.global_batch_size)
     if plan.world_size > args.nproc:
         raise UsageError(f"the plan uses {plan.world_size} devices but --nproc is {args.nproc}: pass "
                          f"--nproc {plan.world_size} or a plan made for {args.nproc} devices")
     check_plan_fits_model(plan, args)
     _say_idle(plan, args.nproc)
     return plan
+
+
+def _accumulate_to(args: argparse.Namespace, planned: int) -> None:
+    """--mini-batch with --plan: a multiple of the plan's mini-batch sets --accumulate; anything else is refused."""
+    if args.batch is None or args.batch == planned * args.accumulate:
+        return
+    if args.batch % planned or args.accumulate != 1:
+        raise UsageError(f"--mini-batch {args.batch} with a plan for mini-batches of {planned}: give a multiple of "
+                         f"{planned} (its gradients accumulate over --mini-batch / {planned} mini-batches per step), "
+                         "or plan this mini-batch (graphpipe plan --mini-batch ...)")
+    args.accumulate = args.batch // planned
+    print(f"graphpipe train: each step accumulates {args.accumulate} mini-batches of {planned} (the plan's): "
+          f"{args.batch} samples per optimizer step", file=sys.stderr, flush=True)
 
 
 def _say_idle(plan: Plan, nproc: int) -> None:
@@ -233,12 +248,38 @@ def _plan_now(args: argparse.Namespace, path: Path) -> str:
 def render_metrics(rows: list[dict[str, Any]], calibrated: bool = True) -> str:
     """One line per step: loss, samples/s, measured and simulated iteration time (`uncal.` where the simulated
     machine is not calibrated to this one: `graphpipe.train.simulation_calibrated`), peak memory."""
+    evaluated = any(row.get("eval_loss") is not None for row in rows)
     head = f"{'step':>5} {'loss':>10} {'samples/s':>10} {'iter ms':>9} {'sim ms':>8} {'peak/rank (max)':>16}"
-    lines = [head]
-    for row in rows:
+    lines = [head + (f" {'eval loss':>10}" if evaluated else "")]
+    shown = _shown_rows(rows)
+    for row in shown:
         sim = row.get("simulated_iteration_s")
         sim_text = f"{'uncal.':>8}" if not calibrated else f"{sim * 1e3:8.1f}" if sim else f"{'-':>8}"
         peak = max(row.get("peak_memory_bytes") or [0])
         lines.append(f"{row['step']:>5} {row['loss']:>10.5g} {row['samples_per_s']:>10.1f} "
-                     f"{row['iteration_s'] * 1e3:>9.1f} {sim_text} {format_bytes(peak):>16}")
+                     f"{row['iteration_s'] * 1e3:>9.1f} {sim_text} {format_bytes(peak):>16}"
+                     + (f" {_eval_text(row.get('eval_loss'))}" if evaluated else ""))
+    if len(shown) < len(rows):
+        lines.append(f"({len(shown)} of {len(rows)} steps shown: the first, every {_stride(rows)}th, those evaluated "
+                     "and the last; --log FILE.jsonl or --json has every step)")
     return "\n".join(lines)
+
+
+MAX_ROWS = 25  # a longer run's table shows a sample of its steps
+
+
+def _stride(rows: list[dict[str, Any]]) -> int:
+    return -(-len(rows) // (MAX_ROWS - 5))
+
+
+def _shown_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every row of a short run; of a long one the first, every stride-th, those with an eval loss, the last."""
+    if len(rows) <= MAX_ROWS:
+        return rows
+    stride = _stride(rows)
+    return [row for index, row in enumerate(rows) if index == 0 or index == len(rows) - 1
+            or (index + 1) % stride == 0 or row.get("eval_loss") is not None]
+
+
+def _eval_text(loss: float | None) -> str:
+    return f"{loss:>10.5g}" if loss is not None else f"{'':>10}"

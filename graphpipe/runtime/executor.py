@@ -36,6 +36,7 @@ _DTYPES: tuple[torch.dtype, ...] = (
     torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
     torch.int8, torch.uint8, torch.bool)
 _HEADER_LEN = 16
+_FORWARD_KINDS = frozenset({ActionKind.FORWARD, ActionKind.SEND_ACT, ActionKind.RECV_ACT})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,6 +83,8 @@ class StageExecutor:
         self._known: dict[tuple[int, str], tuple[torch.dtype, tuple[int, ...], int]] = {}
         self._sent_header: set[tuple[int, str]] = set()
         self.events: list[ActionEvent] = []
+        self.loss_scale = 1.0  # 1 / the mini-batches a step accumulates: their gradients sum to the mean's
+        self._outputs_kept: list[tuple[int, int, Any]] | None = None  # the sink's outputs, during run_forward
         self.handlers = self._dispatch_table()
 
     def _dispatch_table(self) -> dict[ActionKind, Callable[[Action], None]]:
@@ -105,16 +108,41 @@ class StageExecutor:
         self.events = []
         for action in actions:
             start = time.monotonic()
-            try:
-                self._run_action(action)
-            except TrainingError:
-                raise
-            except Exception as err:
-                raise TrainingError(f"rank {self.rank}: action {action} failed: {type(err).__name__}: {err}") \
-                    from err
+            self._run_guarded(action)
             self.events.append(ActionEvent(action=action, start_s=start, end_s=time.monotonic()))
         self.transport.flush()
         return self._local_loss
+
+    def _run_guarded(self, action: Action) -> None:
+        """Run one action; an unexpected error becomes one TrainingError that names the rank and the action."""
+        try:
+            self._run_action(action)
+        except TrainingError:
+            raise
+        except Exception as err:
+            raise TrainingError(f"rank {self.rank}: action {action} failed: {type(err).__name__}: {err}") from err
+
+    def run_forward(self, actions: Sequence[Action], data: Mapping[str, Any], targets: Any,
+                    keep_outputs: bool = False) -> tuple[torch.Tensor, list[tuple[int, int, Any]]]:
+        """Forward only (evaluation): the forwards, sends and receives of `actions` in their order, without
+        gradients. Returns this rank's share of the mini-batch loss and, with `keep_outputs` on the sink, its
+        model outputs as (first sample, end sample, output). Without autograd a stage keeps only the values it
+        sends, not the activations a backward would need.
+
+        Deadlock-free because the training schedule is: dropping its backward actions only removes waits."""
+        forward_only = [a for a in actions if a.kind in _FORWARD_KINDS]
+        self._outputs_kept = [] if keep_outputs else None
+        self._data, self._targets = data, targets
+        self._states = {}
+        self._local_loss = torch.zeros((), device=self.transport.device)
+        try:
+            with torch.no_grad():
+                for action in forward_only:
+                    self._run_guarded(action)
+            self.transport.flush()
+            return self._local_loss, self._outputs_kept or []
+        finally:
+            self._outputs_kept = None
 
     def release(self) -> None:
         """Drop what the last mini-batch left here (received activations, inputs, targets): a tensor a
@@ -152,7 +180,7 @@ class StageExecutor:
         state = self._state(micro_batch)
         start, stop = self._my_rows(micro_batch)
         axes = self.spec.data_batch_axes
-        data = {name: _rows(self._data[name], start, stop, axes.get(name, 0)) for name in self.spec.data_inputs}
+        data = {name: rows_of(self._data[name], start, stop, axes.get(name, 0)) for name in self.spec.data_inputs}
         for name in self.spec.inputs:
             pieces = sorted(state.received.pop(name, []), key=lambda item: item[0])
             rows = sum(t.shape[0] for _, t in pieces)
@@ -166,10 +194,13 @@ class StageExecutor:
         with self._precision():
             state.outputs = self.stage(data, state.inputs, samples=stop - start)
             if self.spec.is_sink:
-                loss = self._loss(state.outputs.pop(MODEL_OUTPUT), _rows(self._targets, start, stop), stop - start)
+                output = state.outputs.pop(MODEL_OUTPUT)
+                loss = self._loss(output, rows_of(self._targets, start, stop), stop - start)
         if self.spec.is_sink:
+            if self._outputs_kept is not None:
+                self._outputs_kept.append((start, stop, output))
             loss = loss.float() if self.autocast is not None else loss  # a bf16 loss would sum coarsely
-            state.loss = loss * ((stop - start) / self.plan.global_batch_size)
+            state.loss = loss * ((stop - start) / self.plan.global_batch_size * self.loss_scale)
             self._local_loss = self._local_loss + state.loss.detach()
 
     def _precision(self) -> contextlib.AbstractContextManager[Any]:
@@ -334,7 +365,7 @@ def _has_grad(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.is_floating_point()
 
 
-def _rows(value: Any, start: int, stop: int, axis: int | None = 0) -> Any:
+def rows_of(value: Any, start: int, stop: int, axis: int | None = 0) -> Any:
     """Samples [start, stop) along `axis` of a tensor, or of every tensor in a tuple, list or dict;
     a value without a batch axis (None) is passed whole."""
     if axis is None:
@@ -342,9 +373,9 @@ def _rows(value: Any, start: int, stop: int, axis: int | None = 0) -> Any:
     if isinstance(value, torch.Tensor):
         return value.narrow(axis, start, stop - start)
     if isinstance(value, (tuple, list)):
-        return type(value)(_rows(item, start, stop, axis) for item in value)
+        return type(value)(rows_of(item, start, stop, axis) for item in value)
     if isinstance(value, dict):
-        return {key: _rows(item, start, stop, axis) for key, item in value.items()}
+        return {key: rows_of(item, start, stop, axis) for key, item in value.items()}
     return value
 
 

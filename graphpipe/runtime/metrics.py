@@ -21,12 +21,13 @@ class StepMetrics:
     simulation_calibrated: bool = False  # the simulated machine's host costs were measured (`Device.host_calibrated`)
     grad_norm: float | None = None  # the global gradient norm before clipping (with --clip-grad-norm)
     learning_rate: float | None = None  # the rate this step used (rank 0's stage)
+    eval_loss: float | None = None  # the mean loss on --eval-data after this step, where evaluated
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "loss": self.loss, "iteration_s": self.iteration_s,
                 "samples_per_s": self.samples_per_s, "simulated_iteration_s": self.simulated_iteration_s,
                 "simulation_calibrated": self.simulation_calibrated, "grad_norm": self.grad_norm,
-                "learning_rate": self.learning_rate,
+                "learning_rate": self.learning_rate, "eval_loss": self.eval_loss,
                 "peak_memory_bytes": list(self.peak_memory_bytes)}
 
     @classmethod
@@ -35,13 +36,15 @@ class StepMetrics:
                    samples_per_s=data["samples_per_s"], simulated_iteration_s=data.get("simulated_iteration_s"),
                    peak_memory_bytes=tuple(data.get("peak_memory_bytes", ())),
                    simulation_calibrated=bool(data.get("simulation_calibrated", False)),
-                   grad_norm=data.get("grad_norm"), learning_rate=data.get("learning_rate"))
+                   grad_norm=data.get("grad_norm"), learning_rate=data.get("learning_rate"),
+                   eval_loss=data.get("eval_loss"))
 
     def short(self) -> str:
         sim = f" sim {self.simulated_iteration_s * 1e3:.1f} ms" \
             if self.simulated_iteration_s and self.simulation_calibrated else ""
-        return (f"loss {self.loss:.4g} | {self.samples_per_s:.1f} samples/s | {self.iteration_s * 1e3:.1f} ms"
-                f"{sim} | peak {max(self.peak_memory_bytes, default=0) / 2**20:.0f} MiB")
+        evaluated = f" | eval {self.eval_loss:.4g}" if self.eval_loss is not None else ""
+        return (f"loss {self.loss:.4g}{evaluated} | {self.samples_per_s:.1f} samples/s | "
+                f"{self.iteration_s * 1e3:.1f} ms{sim} | peak {max(self.peak_memory_bytes, default=0) / 2**20:.0f} MiB")
 
 
 def peak_memory_bytes(device: torch.device) -> int:

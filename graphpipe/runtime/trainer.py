@@ -4,9 +4,9 @@ Every rank builds the model (with the same seed, or with `graphpipe.empty_weight
 parameter values at all), captures it the way the plan's graph was captured (fx or
 torch.export, from `example_inputs`), and keeps the stage its rank belongs to, giving values
 to that stage's parameters only when they were left empty; the optimizer only sees that
-stage's parameters. One `step` runs the rank's action list
-for the mini-batch, all-reduces gradients inside the stage's data-parallel group, steps the
-optimizer once, and returns the mini-batch mean loss on every rank.
+stage's parameters. One `step` runs the rank's action list for the mini-batch (for each of several
+mini-batches, only the last all-reducing and stepping), all-reduces gradients inside the stage's
+data-parallel group, steps the optimizer once, and returns the mini-batch mean loss on every rank.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ from graphpipe.meta_weights import has_meta_tensors
 from graphpipe.runtime.batch_norm import prepare_batch_norm
 from graphpipe.runtime.checkpoint import load_stage, save_stage
 from graphpipe.runtime.comm import DistTransport, Transport
-from graphpipe.runtime.executor import LossFn, StageExecutor
+from graphpipe.runtime.eval_outputs import assemble_outputs
+from graphpipe.runtime.executor import LossFn, StageExecutor, rows_of
+from graphpipe.runtime.gather_state import gather_state, held_tensors, in_model_order
 from graphpipe.runtime.grad_clip import clip_global_grad_norm_
 from graphpipe.runtime.materialize import materialize
 from graphpipe.runtime.model_keys import model_keys
@@ -64,6 +66,9 @@ class PipelineTrainer:
     (`graphpipe.runtime.grad_clip`); `last_grad_norm` is that norm before clipping. `lr_scheduler` makes a
     `torch.optim.lr_scheduler` for each rank's optimizer (`lambda opt: CosineAnnealingLR(opt, T_max=...)`),
     stepped after every optimizer step and saved in checkpoints, so every stage follows one schedule.
+    `step` given k times the plan's mini-batch accumulates the gradients of its k mini-batches into one optimizer
+    step (one device's step on all of them); `evaluate` runs the forwards alone, in eval mode;
+    `consolidated_state_dict()` gives every rank the whole model's `state_dict`.
     `close()` (or `with PipelineTrainer(...) as trainer:`) ends training cleanly; see there. A plan that records
     its graph (`Plan.graph_fingerprint`) is checked against this rank's capture, op for op; a plan captured at
     one sample (`export-static`) runs each share sample by sample (`graphpipe.runtime.per_sample`).
@@ -102,6 +107,7 @@ class PipelineTrainer:
         self.input_names = tuple(node.name for node in traced.graph.nodes if node.op == "placeholder")
         stages = split_stages(self.captured, plan)
         self.stage: StageModule = stages[self.stage_info.idx]
+        self.held = held_tensors(stages)  # every stage's tensors: what consolidated_state_dict gathers
         self.model_keys = model_keys(model)  # what the model's own state_dict holds: checkpoints record it
         self._materialize(model, traced, weights, init_seed)
         self.stage.module.to(self.device)
@@ -171,17 +177,81 @@ class PipelineTrainer:
             raise TrainingError(f"rank {self.rank}: step after close(); make a new PipelineTrainer to train again")
         if self.idle:
             return float("nan")
-        data = self._named_inputs(inputs)
+        data, passes = self._named_inputs(inputs)
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
-        local = self.executor.run(self.actions, data, _to(targets, self.device) if self.stage.spec.is_sink else None)
+        self.executor.loss_scale = 1.0 / passes
+        local = torch.zeros((), device=self.device)
+        for index in range(passes):  # gradients add up; the all-reduce and the optimizer step come last
+            actions = self.actions if index == passes - 1 else self._accumulating_actions
+            local = local + self.executor.run(actions, *self._pass_batch(data, targets, index))
         self.step_count += 1
-        # float64 on every rank: the sink's loss has the model's dtype, the other ranks' zeros do not
+        return self._plan_sum(local)
+
+    def evaluate(self, inputs: Any, targets: Any, *, return_outputs: bool = False) -> Any:
+        """The mean loss of `loss_fn` over a mini-batch (or several: any multiple of the plan's size), run
+        forward only: every module in eval mode (dropout off, BatchNorm's running statistics), no gradients, no
+        activations kept, parameters untouched. With `return_outputs`, `(loss, outputs)`: the model's outputs
+        for every sample, in order, on the ranks of the sink stage (None on the others). nan on an idle rank."""
+        if self.closed:
+            raise TrainingError(f"rank {self.rank}: evaluate after close(); make a new PipelineTrainer")
+        if self.idle:
+            return (float("nan"), None) if return_outputs else float("nan")
+        data, passes = self._named_inputs(inputs)
+        self.executor.loss_scale = 1.0 / passes
+        local, pieces = torch.zeros((), device=self.device), []
+        was_training = self.stage.module.training
+        self.stage.module.train(False)
+        try:
+            for index in range(passes):
+                loss, kept = self.executor.run_forward(self.actions, *self._pass_batch(data, targets, index),
+                                                       keep_outputs=return_outputs)
+                local = local + loss
+                offset = index * self.plan.global_batch_size
+                pieces += [(start + offset, stop + offset, output) for start, stop, output in kept]
+        finally:
+            self.stage.module.train(was_training)
+        loss_value = self._plan_sum(local)
+        if not return_outputs:
+            return loss_value
+        outputs = assemble_outputs(pieces, passes * self.plan.global_batch_size, self.transport,
+                                   tuple(self.stage_info.ranks)) if self.stage.spec.is_sink else None
+        return loss_value, outputs
+
+    def _plan_sum(self, local: torch.Tensor) -> float:
+        """The sum of every plan rank's loss share, in float64 (the sink's loss has the model's dtype, the other
+        ranks' zeros do not)."""
         total = local.detach().reshape(1).to(self.device, torch.float64, copy=True)
         self.transport.all_reduce_sum_(total, tuple(range(self.plan.world_size)))
         return float(total.item())
 
-    def _named_inputs(self, inputs: Any) -> dict[str, Any]:
+    @property
+    def _accumulating_actions(self) -> tuple[Action, ...]:
+        """The action list of a mini-batch whose gradients are only added up: no all-reduce, no step."""
+        return tuple(a for a in self.actions if a.kind not in (ActionKind.ALL_REDUCE, ActionKind.STEP))
+
+    def _pass_batch(self, data: dict[str, Any], targets: Any, index: int) -> tuple[dict[str, Any], Any]:
+        """The inputs and (on the sink) targets of the index-th of the plan's mini-batches in the batch."""
+        batch = self.plan.global_batch_size
+        rows = (index * batch, (index + 1) * batch)
+        inputs = {name: rows_of(value, *rows, self.plan.input_batch_axes.get(name, 0)) for name, value in data.items()}
+        return inputs, rows_of(_to(targets, self.device), *rows) if self.stage.spec.is_sink else None
+
+    def consolidated_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole trained model's `state_dict`, on the CPU, under the model's own names and in its order (a
+        tied name shares its tensor), for `model.load_state_dict` on one device. Every rank of the plan must call
+        it (it is one all-reduce per dtype) and gets the whole model; an idle rank gets {}. A parameter the
+        forward never reads is held by no stage, never trained, and left out (load with strict=False)."""
+        if self.idle:
+            return {}
+        provides = self.stage_idx if self.is_stage_leader else None
+        gathered = gather_state(self.held, self.state_dict(), provides, self.transport,
+                                tuple(range(self.plan.world_size)), self.device)
+        return in_model_order(gathered, self.model_keys)
+
+    def _named_inputs(self, inputs: Any) -> tuple[dict[str, Any], int]:
+        """This stage's model inputs, by name, on its device, and how many of the plan's mini-batches they hold
+        (more than one: their gradients accumulate into one step)."""
         if isinstance(self.captured, CapturedModule):
             try:
                 named = self.captured.bind(inputs)
@@ -193,14 +263,17 @@ class PipelineTrainer:
                 raise TrainingError(f"the model takes {len(self.input_names)} inputs "
                                     f"({', '.join(self.input_names)}), step got {len(values)}")
             named = dict(zip(self.input_names, values))
-        for name, value in named.items():
-            axis = self.plan.input_batch_axes.get(name, 0)
-            batch = self.plan.global_batch_size
-            if isinstance(value, torch.Tensor) and axis is not None and value.shape[axis] != batch:
-                raise TrainingError(f"the plan trains mini-batches of {self.plan.global_batch_size} samples, "
-                                    f"step got input {name!r} with {value.shape[axis]}; pass the planned batch size")
+        batch = self.plan.global_batch_size
+        sizes = {name: value.shape[axis] for name, value in named.items()
+                 if isinstance(value, torch.Tensor) and (axis := self.plan.input_batch_axes.get(name, 0)) is not None}
+        for name, size in sizes.items():
+            if size == 0 or size % batch or size != max(sizes.values()):
+                raise TrainingError(f"the plan trains mini-batches of {batch} samples, got input {name!r} with "
+                                    f"{size} (inputs: {sizes}); pass {batch} samples per input, or a multiple of "
+                                    f"{batch} to accumulate the gradients of several mini-batches in one step")
         wanted = set(self.stage.spec.data_inputs)
-        return {name: _to(value, self.device) for name, value in named.items() if name in wanted}
+        passes = max(sizes.values(), default=batch) // batch
+        return {name: _to(value, self.device) for name, value in named.items() if name in wanted}, passes
 
     def _optimizer_step(self) -> None:
         self.batch_norm.commit()

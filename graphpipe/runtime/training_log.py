@@ -1,8 +1,9 @@
 """A training log (`graphpipe train --log FILE.jsonl`): one JSON object per step, and its picture.
 
 Rank 0 appends a line after every step (`graphpipe.runtime.metrics.StepMetrics.to_dict`: step, loss,
-learning rate, gradient norm, samples/s, iteration and simulated time, peak memory per rank), so a run
-stopped at any point leaves every step it finished; a resumed run appends to the same file.
+learning rate, gradient norm, samples/s, iteration and simulated time, peak memory per rank, and the eval loss
+after the steps that evaluate `--eval-data`), so a run stopped at any point leaves every step it finished; a
+resumed run appends to the same file.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def read_training_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def plot_training_log(rows: list[dict[str, Any]], path: str | os.PathLike[str], *, title: str = "") -> str:
-    """Loss, samples/s and (when logged) the learning rate against the step, one panel each, to `path`."""
+    """Loss (and the eval loss where logged), samples/s and (where logged) the learning rate, if it changes, and
+    the gradient norm against the step, one panel each, to `path`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -51,7 +53,7 @@ def plot_training_log(rows: list[dict[str, Any]], path: str | os.PathLike[str], 
     steps = [row["step"] for row in rows]
     panels: list[tuple[str, list[Any], bool]] = [("loss", [row["loss"] for row in rows], False),
                                                   ("samples/s", [row.get("samples_per_s") for row in rows], False)]
-    if any(row.get("learning_rate") is not None for row in rows):
+    if len({row.get("learning_rate") for row in rows} - {None}) > 1:  # a schedule, not a constant rate
         panels.append(("learning rate", [row.get("learning_rate") for row in rows], False))
     norms = [row.get("grad_norm") for row in rows]
     present = [norm for norm in norms if norm is not None and norm > 0]
@@ -65,6 +67,12 @@ def plot_training_log(rows: list[dict[str, Any]], path: str | os.PathLike[str], 
         ax.grid(alpha=0.3)
         if log_scale:
             ax.set_yscale("log")
+    evaluated = [(row["step"], row["eval_loss"]) for row in rows if row.get("eval_loss") is not None]
+    if evaluated:  # the validation loss beside the training loss
+        loss_axis = axes[0, 0]
+        loss_axis.lines[0].set_label("train")
+        loss_axis.plot([p[0] for p in evaluated], [p[1] for p in evaluated], marker="o", label="eval")
+        loss_axis.legend()
     axes[-1, 0].set_xlabel("step")
     if title:
         axes[0, 0].set_title(title)

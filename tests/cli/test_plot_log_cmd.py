@@ -29,3 +29,25 @@ def test_plot_log_refuses_a_missing_log_and_an_unwritable_picture(tmp_path: Path
     log.write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n")
     with pytest.raises(UsageError, match="cannot write"):
         run_command(plot_log_cmd, ["plot-log", str(log), "-o", str(tmp_path / "nowhere" / "c.png")])
+
+
+def test_plot_log_draws_the_eval_loss_beside_the_training_loss(tmp_path: Path) -> None:
+    from graphpipe.runtime.training_log import plot_training_log
+
+    rows = [{"step": step, "loss": 2.0 - step / 10, "samples_per_s": 50.0,
+             "eval_loss": 1.5 if step == 3 else None} for step in range(1, 4)]
+    import matplotlib.pyplot as plt
+
+    seen: list[list[str]] = []
+    original = plt.Figure.savefig
+
+    def spy(fig: plt.Figure, *args: object, **kwargs: object) -> None:
+        seen.append([line.get_label() for line in fig.axes[0].lines])
+        original(fig, *args, **kwargs)
+
+    plt.Figure.savefig = spy  # type: ignore[method-assign]
+    try:
+        plot_training_log(rows, tmp_path / "c.png")
+    finally:
+        plt.Figure.savefig = original  # type: ignore[method-assign]
+    assert seen == [["train", "eval"]]

@@ -99,3 +99,38 @@ def test_an_unwritable_log_is_found_before_workers_start(tmp_path: Path) -> None
     with log.open("a") as handle:
         handle.write('{"step": 2, "loss": 0.5}\n')
     assert _rows_after(log, before) == [{"step": 2, "loss": 0.5}]  # a resumed run's rows only
+
+
+def test_a_mini_batch_larger_than_the_plans_accumulates_a_multiple_and_refuses_the_rest() -> None:
+    from graphpipe.errors import UsageError
+
+    args = argparse.Namespace(batch=32, accumulate=1)
+    train_cmd._accumulate_to(args, 8)
+    assert args.accumulate == 4
+    with pytest.raises(UsageError, match="give a multiple of 8"):
+        train_cmd._accumulate_to(argparse.Namespace(batch=12, accumulate=1), 8)
+    same = argparse.Namespace(batch=8, accumulate=1)
+    train_cmd._accumulate_to(same, 8)
+    assert same.accumulate == 1
+
+
+def test_evaluation_and_accumulation_options_are_checked_before_workers_start() -> None:
+    from graphpipe.train import build_parser, train_args_problem
+
+    def problem(*extra: str) -> str | None:
+        return train_args_problem(build_parser().parse_args(["--plan", "p.json", *extra]))
+
+    assert "together with --eval-data" in str(problem("--eval-every", "5"))
+    assert "--accumulate must be at least 1" in str(problem("--accumulate", "0"))
+    assert "no such file" in str(problem("--eval-data", "nowhere.py:test"))
+
+
+def test_a_long_run_shows_a_sample_of_its_steps_and_every_evaluated_one() -> None:
+    rows = [{"step": step, "loss": 1.0, "samples_per_s": 10.0, "iteration_s": 0.1, "peak_memory_bytes": [1],
+             "eval_loss": 0.5 if step in (7, 300) else None} for step in range(1, 301)]
+    table = train_cmd.render_metrics(rows, calibrated=False)
+    lines = table.splitlines()
+    assert "eval loss" in lines[0] and len(lines) < 30
+    assert any(line.split()[0] == "7" and line.split()[-1] == "0.5" for line in lines[1:-1])
+    assert "of 300 steps shown" in lines[-1]
+    assert len(train_cmd.render_metrics(rows[:5]).splitlines()) == 6  # a short run: every step

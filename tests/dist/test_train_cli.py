@@ -151,3 +151,38 @@ def test_training_on_data_resumes_with_the_next_unseen_mini_batch_and_equals_one
         optimizer.step()
         expected.append(loss.item())
     assert losses == pytest.approx(expected, rel=1e-5)
+
+
+def test_accumulating_and_evaluating_from_the_command_line_equal_one_device(tmp_path: Path) -> None:
+    """`--accumulate 2` over the plan's mini-batches of 8 (a list of mini-batches, two a step) and `--eval-data`
+    (a dataset: its 2 whole mini-batches of 8) after the last step: one device's losses on the 16 samples of each
+    step, and its eval-mode loss on those 16 samples."""
+    from graphpipe.runtime.data import join_batches, load_data
+
+    factories = REPO / "tests" / "runtime" / "data_factories.py"
+    command = [sys.executable, "-m", "graphpipe.cli.main", "train", "--model", "toy_chain", "--data",
+               f"{factories}:batches", "--eval-data", f"{factories}:dataset", "--mini-batch", "8", "--accumulate", "2",
+               "--nproc", "2", "--steps", "2", "--lr", str(LR), "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(done.stdout)["steps"]
+    assert "4 samples beyond the last whole mini-batch of 8 are not evaluated" in done.stderr
+    model = load_model("toy_chain", "tiny", batch_size=8, seed=0)
+    optimizer = torch.optim.Adam(model.model.parameters(), lr=LR)
+    stream = load_data(f"{factories}:batches", 0)
+    expected = []
+    for step in range(2):
+        inputs, targets = join_batches([stream[(2 * step + k) % len(stream)] for k in range(2)])
+        optimizer.zero_grad()
+        loss = model.loss_fn(model.model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        expected.append(loss.item())
+    held_out = load_data(f"{factories}:dataset", 0)
+    with torch.no_grad():
+        model.model.eval()
+        inputs, targets = held_out[:16]
+        expected_eval = model.loss_fn(model.model(inputs), targets).item()
+    assert [row["loss"] for row in rows] == pytest.approx(expected, rel=1e-5)
+    assert rows[0]["eval_loss"] is None and rows[-1]["eval_loss"] == pytest.approx(expected_eval, rel=1e-5)

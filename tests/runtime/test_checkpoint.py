@@ -67,5 +67,7 @@ def test_state_dict_uses_the_original_parameter_names() -> None:
 def test_step_refuses_a_batch_of_the_wrong_size() -> None:
     trainer = _trainers()[2]
     inputs, targets = SCENARIOS[NAME].make_batches(1)[0]
-    with pytest.raises(TrainingError, match="mini-batches of 8 samples, step got input 'x' with 4"):
+    with pytest.raises(TrainingError, match=r"mini-batches of 8 samples, got input 'x' with 4 .* or a multiple of 8"):
         trainer.step(inputs[:4], targets[:4])
+    with pytest.raises(TrainingError, match="got input 'x' with 12"):
+        trainer.step(torch.cat([inputs, inputs[:4]]), torch.cat([targets, targets[:4]]))

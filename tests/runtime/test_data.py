@@ -38,3 +38,29 @@ def test_data_that_cannot_give_a_mini_batch_is_one_line() -> None:
     generator = MiniBatches(load_data(f"{FACTORIES}:one_pass", 0), 8, seed=0)
     with pytest.raises(UsageError, match="ran out after 3 mini-batches and cannot be iterated again"):
         generator.at(5)
+
+
+def test_accumulating_steps_take_k_mini_batches_of_a_dataset_or_k_items_of_an_iterable() -> None:
+    from graphpipe.runtime.data import join_batches
+
+    data = MiniBatches(load_data(f"{FACTORIES}:dataset", 0), 4, seed=3, accumulate=2)
+    assert data.at(0)[0].shape == (8, 8) and data.steps_per_epoch == 2  # 20 samples, 8 a step
+    batches = load_data(f"{FACTORIES}:batches", 0)
+    stream = MiniBatches(batches, 8, seed=0, accumulate=2)
+    inputs, targets = stream.at(1)  # items 2 and 0 (the next epoch)
+    expected = join_batches([batches[2], batches[0]])
+    assert torch.equal(inputs, expected[0]) and torch.equal(targets, expected[1])
+
+
+def test_evaluation_takes_every_whole_mini_batch_in_order_and_counts_what_it_leaves_out() -> None:
+    from graphpipe.runtime.data import eval_batches
+
+    dataset = load_data(f"{FACTORIES}:dataset", 0)
+    batches, left_out = eval_batches(dataset, 8, "--eval-data")
+    assert len(batches) == 2 and left_out == 4
+    assert torch.equal(batches[1][0], dataset[8:16][0])  # consecutive samples, not shuffled
+    ragged = [(torch.zeros(8, 8), torch.zeros(8, 8)), (torch.zeros(3, 8), torch.zeros(3, 8))]
+    assert [len(b[1]) for b in eval_batches(ragged, 8, "--eval-data")[0]] == [8]
+    assert eval_batches(ragged, 8, "--eval-data")[1] == 3
+    with pytest.raises(UsageError, match="return a dataset"):
+        eval_batches(42, 8, "--eval-data")

@@ -122,23 +122,25 @@ def _losses_from(zoo: object, num_steps: int) -> list[float]:
 
 
 def test_training_on_data_resumes_with_the_next_unseen_mini_batch_and_equals_one_device(tmp_path: Path) -> None:
-    """`--data` (a dataset of 20 samples: 2 mini-batches of 8 an epoch), 2 steps, then `--resume` to 4: the
-    losses are one device's on the same mini-batches, the third from the second epoch's permutation."""
+    """`--data` (a dataset of 20 samples: 2 mini-batches of 8 an epoch), 1 step, then `--resume` mid-epoch to 4:
+    the losses are an uninterrupted run's, exactly, and one device's on the same mini-batches, the third from the
+    second epoch's permutation."""
     from graphpipe.runtime.data import MiniBatches, load_data
 
     data = f"{REPO / 'tests' / 'runtime' / 'data_factories.py'}:dataset"
     ckpt = tmp_path / "ckpt"
 
-    def run(steps: int, *extra: str) -> list[float]:
+    def run(steps: int, *extra: str, into: Path = ckpt) -> list[float]:
         command = [sys.executable, "-m", "graphpipe.cli.main", "train", "--model", "toy_chain", "--data", data,
                    "--mini-batch", "8", "--nproc", "2", "--steps", str(steps), "--lr", str(LR), "--checkpoint-dir",
-                   str(ckpt), "--json", *extra]
+                   str(into), "--json", *extra]
         done = subprocess.run(command, capture_output=True, text=True, timeout=180,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert done.returncode == 0, done.stderr[-3000:]
         return [row["loss"] for row in json.loads(done.stdout)["steps"]]
 
-    losses = run(2) + run(4, "--resume")
+    losses = run(1) + run(4, "--resume")
+    assert losses == run(4, into=tmp_path / "uninterrupted")
     model = load_model("toy_chain", "tiny", batch_size=8, seed=0)
     optimizer = torch.optim.Adam(model.model.parameters(), lr=LR)
     batches = MiniBatches(load_data(data, 0), 8, seed=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,6 +229,22 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              make_plan=lambda m: plan_from(m, by_target([("emb", 0), ("a", 1), ("add", 2)]), [(0,), (1,), (2,)],
                                            micro_batch_size=3, global_batch_size=6)),
 )}
+
+
+def in_float64(value: Any) -> Any:
+    """Floating-point tensors (in tuples) as float64; other values as they are."""
+    if isinstance(value, torch.Tensor):
+        return value.double() if value.is_floating_point() else value
+    if isinstance(value, tuple):
+        return tuple(in_float64(item) for item in value)
+    return value
+
+
+def float64_scenario(scenario: Scenario) -> Scenario:
+    """The scenario with its model and batches in float64, where a split run equals one device within 1e-10."""
+    return dataclasses.replace(
+        scenario, name=f"{scenario.name}_float64", make_model=lambda: scenario.make_model().double(),
+        make_batches=lambda steps: [(in_float64(x), in_float64(y)) for x, y in scenario.make_batches(steps)])
 
 
 def reference(scenario: Scenario, num_steps: int, *, clip: float | None = None, lr_scheduler: Any = None,

@@ -18,7 +18,7 @@ from graphpipe.runtime.comm import InMemoryHub
 from graphpipe.runtime.trainer import PipelineTrainer
 from graphpipe.schedule.generate import make_schedule
 from tests.runtime.helpers import by_target, plan_from, run_threads
-from tests.runtime.scenarios import LR, SCENARIOS, Scenario, compare
+from tests.runtime.scenarios import LR, SCENARIOS, Scenario, compare, in_float64
 
 STEPS = 2
 
@@ -49,14 +49,6 @@ def _tied_head() -> Scenario:
 
 
 CASES = {"dp_sink4": SCENARIOS["dp_sink4"], "tied_towers3": SCENARIOS["tied_towers3"], "tied_head2": _tied_head()}
-
-
-def _double(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.double() if value.is_floating_point() else value
-    if isinstance(value, tuple):
-        return tuple(_double(item) for item in value)
-    return value
 
 
 def _joined(batches: list[tuple[Any, Any]]) -> tuple[Any, Any]:
@@ -93,7 +85,7 @@ def _one_device(scenario: Scenario, model: nn.Module, batches: list[tuple[Any, A
 def test_accumulating_k_mini_batches_equals_one_step_on_their_union(name: str) -> None:
     torch.set_num_threads(1)
     scenario = CASES[name]
-    plain = [(_double(inputs), _double(targets)) for inputs, targets in scenario.make_batches(3 * STEPS)]
+    plain = [(in_float64(inputs), in_float64(targets)) for inputs, targets in scenario.make_batches(3 * STEPS)]
     steps = [_joined(plain[3 * step:3 * step + 3]) for step in range(STEPS)]  # 3 mini-batches a step
     model = scenario.model().double()
     expected_losses, expected_model = _one_device(scenario, model, steps)
@@ -101,7 +93,7 @@ def test_accumulating_k_mini_batches_equals_one_step_on_their_union(name: str) -
     results = run_threads(len(trainers), lambda rank: [trainers[rank].step(*batch) for batch in steps])
     params = {key: value.detach() for trainer in trainers for key, value in trainer.named_parameters()}
     expected_params = {key: value.detach() for key, value in expected_model.named_parameters()}
-    problems = compare(results[0], params, expected_losses, expected_params, rtol=1e-9)
+    problems = compare(results[0], params, expected_losses, expected_params, rtol=1e-10)
     assert not problems, "\n".join(problems)
 
 
@@ -109,7 +101,7 @@ def test_accumulating_k_mini_batches_equals_one_step_on_their_union(name: str) -
 def test_the_consolidated_state_dict_loads_into_the_model_on_one_device(name: str) -> None:
     torch.set_num_threads(1)
     scenario = CASES[name]
-    batches = [(_double(inputs), _double(targets)) for inputs, targets in scenario.make_batches(STEPS + 1)]
+    batches = [(in_float64(inputs), in_float64(targets)) for inputs, targets in scenario.make_batches(STEPS + 1)]
     model = scenario.model().double()
     _, expected_model = _one_device(scenario, model, batches[:STEPS])
     trainers = _trainers(scenario, model, batches[0][0])
@@ -124,7 +116,7 @@ def test_the_consolidated_state_dict_loads_into_the_model_on_one_device(name: st
     for state in states:
         assert list(state) == list(expected), "the model's keys, in its order"
         for key, value in state.items():
-            assert torch.allclose(value, expected[key], rtol=1e-9, atol=1e-12), key
+            assert torch.allclose(value, expected[key], rtol=1e-10, atol=1e-12), key
     fresh = scenario.model().double()
     fresh.load_state_dict(states[0])
     given = as_model_inputs(batches[-1][0])
@@ -132,7 +124,7 @@ def test_the_consolidated_state_dict_loads_into_the_model_on_one_device(name: st
         assert torch.equal(fresh(*given.args, **given.kwargs),
                            _loaded(scenario, states[-1])(*given.args, **given.kwargs))
         assert torch.allclose(fresh(*given.args, **given.kwargs), expected_model(*given.args, **given.kwargs),
-                              rtol=1e-9, atol=1e-12)
+                              rtol=1e-10, atol=1e-12)
 
 
 def _loaded(scenario: Scenario, state: dict[str, torch.Tensor]) -> nn.Module:

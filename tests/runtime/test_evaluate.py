@@ -16,7 +16,7 @@ from graphpipe.runtime.comm import InMemoryHub
 from graphpipe.runtime.trainer import PipelineTrainer
 from graphpipe.schedule.generate import make_schedule
 from tests.runtime.helpers import by_target, plan_from, run_threads
-from tests.runtime.scenarios import LR, SCENARIOS, Scenario
+from tests.runtime.scenarios import LR, SCENARIOS, Scenario, in_float64
 
 TOLERANCE = 1e-10
 
@@ -50,14 +50,6 @@ def _norm_towers() -> Scenario:
 CASES = {"dp_sink4": SCENARIOS["dp_sink4"], "tied_towers3": SCENARIOS["tied_towers3"], "norm_towers4": _norm_towers()}
 
 
-def _double(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.double() if value.is_floating_point() else value
-    if isinstance(value, tuple):
-        return tuple(_double(item) for item in value)
-    return value
-
-
 def _one_device(scenario: Scenario, train: list[Any], held_out: Any) -> tuple[float, torch.Tensor]:
     """Train on `train` (dropout on), then the eval-mode loss and outputs of `held_out`."""
     model = scenario.model().double()
@@ -79,7 +71,7 @@ def _one_device(scenario: Scenario, train: list[Any], held_out: Any) -> tuple[fl
 def test_evaluate_equals_the_single_device_eval_loss_and_outputs(name: str) -> None:
     torch.set_num_threads(1)
     scenario = CASES[name]
-    batches = [(_double(inputs), _double(targets)) for inputs, targets in scenario.make_batches(3)]
+    batches = [(in_float64(inputs), in_float64(targets)) for inputs, targets in scenario.make_batches(3)]
     train, held_out = batches[:2], batches[2]
     plan = scenario.plan()
     model = scenario.model().double()

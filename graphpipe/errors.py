@@ -15,6 +15,7 @@ __all__ = [
     "ScheduleError",
     "TrainingError",
     "UsageError",
+    "WeightsError",
 ]
 
 
@@ -64,3 +65,8 @@ class InputFileError(UsageError):
 
 class TrainingError(GraphPipeError):
     """Distributed training failed: a peer rank died, a plan does not fit the world size."""
+
+
+class WeightsError(InputFileError, TrainingError):
+    """A --weights file cannot be read or does not fit the model (bad input: exits 2 when `graphpipe train`
+    finds it before starting the ranks; a rank that finds it fails the run like any TrainingError)."""

@@ -151,11 +151,13 @@ def train_args_problem(args: argparse.Namespace) -> str | None:
     problem = output_paths_problem(args.checkpoint_dir, args.trace)
     if problem or not hasattr(args, "nproc"):
         return problem
-    # `graphpipe train` (its options have --nproc) checks the loss and --weights once, before it starts the
-    # ranks; a rank leaves them to its own model building, which fails the same way
+    # `graphpipe train` (its options have --nproc) checks the mini-batch it plans, the loss and --weights once,
+    # before it starts the ranks; a rank leaves them to its own model building, which fails the same way
+    from graphpipe.planner.api import micro_batch_count_problem
     from graphpipe.runtime.preflight import model_problem
 
-    return model_problem(args)
+    too_many = micro_batch_count_problem(args.batch, None) if args.batch and not args.plan else None
+    return f"--mini-batch {args.batch}: {too_many}" if too_many else model_problem(args)
 
 
 def cuda_devices_problem(ranks_here: int) -> str | None:
@@ -218,7 +220,9 @@ def _init_process_group(timeout_s: float) -> torch.device:
     if use_cuda:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=timeout_s))
+    # NCCL: bind the rank to its GPU now (its communicators are created on it, not guessed from cuda:0)
+    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=timeout_s),
+                            device_id=device if use_cuda else None)
     return device
 
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from graphpipe.cli.common import add_model_args, capture_from_args, format_count, print_json
+from graphpipe.cli.common import (
+    add_model_args,
+    capture_from_args,
+    check_output_files,
+    format_count,
+    print_json,
+    writing,
+)
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.graph.summary import GraphSummary, summarize
 from graphpipe.units import format_bytes
@@ -22,9 +29,11 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_files(("-o", args.output, "graph.json"))
     _, graph = capture_from_args(args)
     if args.output:
-        graph.save(args.output)
+        with writing("-o", args.output):
+            graph.save(args.output)
     summary = summarize(graph)
     flops = flops_per_sample(graph)
     if args.json:

@@ -6,12 +6,14 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from graphpipe.errors import GraphCaptureError, ModelLoadError, PlanValidationError, UsageError
+from graphpipe.errors import GraphCaptureError, GraphPipeError, ModelLoadError, PlanValidationError, UsageError
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.models import ZOO_NAMES, ZooModel, load_model
 from graphpipe.models.user_factory import is_file_spec
@@ -42,6 +44,26 @@ def memory_gib(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"the memory size must be above 0, got {text!r}")
     return value
+
+
+def check_output_files(*outputs: tuple[str, str | None, str]) -> None:
+    """UsageError for the first (option, path, example file name) that could not be written, said before the
+    command captures, plans or simulates rather than after."""
+    from graphpipe.runtime.output_paths import output_file_problem
+
+    for option, path, example in outputs:
+        problem = output_file_problem(option, path, example) if path else None
+        if problem:
+            raise UsageError(problem)
+
+
+@contextmanager
+def writing(option: str, path: str) -> Iterator[None]:
+    """An OSError while writing `path` (a disk that filled, a folder removed meanwhile) as one line."""
+    try:
+        yield
+    except OSError as err:
+        raise GraphPipeError(f"{option} {path} could not be written ({err.strerror or err})") from err
 
 
 def add_model_args(parser: argparse.ArgumentParser, *, default_model: str | None = None,

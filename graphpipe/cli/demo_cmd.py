@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from graphpipe.cli.capture_cmd import flops_per_sample, render_summary
 from graphpipe.cli.common import add_model_args, capture_from_args, positive_int, print_json
+from graphpipe.cli.plan_cmd import parse_sizes
 from graphpipe.cli.simulate_cmd import format_table
 from graphpipe.cost.cost_table import CostTable
 from graphpipe.graph.op_graph import OpGraph
@@ -57,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from graphpipe.cost.cluster import Cluster
     from graphpipe.cost.sources import choose_costs
 
+    parse_sizes(args.micro_batch_sizes, args.mini_batch)  # bad sizes said now, not after capturing
     _, graph = capture_from_args(args)
     summary = summarize(graph)
     cluster = Cluster.preset(args.cluster, args.devices)
@@ -157,7 +159,7 @@ def _described_outcomes(graph: OpGraph, args: argparse.Namespace) -> dict[str, d
 
 def micro_batch_sizes(args: argparse.Namespace) -> list[int]:
     if args.micro_batch_sizes:
-        return [int(tok) for tok in args.micro_batch_sizes.split(",") if tok.strip()]
+        return list(parse_sizes(args.micro_batch_sizes, args.mini_batch) or ())
     sizes = [1]
     while sizes[-1] * 2 <= max(1, args.mini_batch // 8):
         sizes.append(sizes[-1] * 2)

@@ -12,10 +12,11 @@ import signal
 import sys
 
 from graphpipe.cli.common import USAGE_EXIT
-from graphpipe.errors import GraphPipeError, UsageError
+from graphpipe.errors import GraphPipeError, ModelLoadError, UsageError
 
-# Errors about what the user gave (the command line, an input file) exit like argparse's: 2.
-USAGE_ERRORS: tuple[type[GraphPipeError], ...] = (UsageError,)  # InputFileError is one
+# Errors about what the user gave (the command line, an input file, a model spec that does not load) exit like
+# argparse's: 2. InputFileError and WeightsError are UsageErrors.
+USAGE_ERRORS: tuple[type[GraphPipeError], ...] = (UsageError, ModelLoadError)
 
 COMMAND_MODULES: tuple[str, ...] = (
     "graphpipe.cli.capture_cmd",

@@ -11,11 +11,14 @@ from graphpipe.cli.common import (
     add_granularity_arg,
     add_model_args,
     capture_from_args,
+    check_output_files,
     memory_gib,
     positive_int,
     print_json,
+    writing,
 )
 from graphpipe.cli.plan_progress import PlanProgressBar
+from graphpipe.errors import UsageError
 from graphpipe.graph.layers import layer_blocks, layer_unit_count
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.graph.sp import SPChain, SPParallel, sp_decompose, stage_units
@@ -141,13 +144,14 @@ def run(args: argparse.Namespace) -> int:
     from graphpipe.planning import plan
     from graphpipe.train import ACTIVATION_DTYPES
 
+    global_batch = args.global_batch or args.batch or 128
+    sizes = parse_sizes(args.micro_batch_sizes, global_batch)
+    check_output_files(("-o", args.output, "plan.json"))
     _, graph = capture_from_args(args)
     cluster = Cluster.preset(args.cluster, args.devices)
     costs, source = choose_costs(graph, costs_file=args.costs, device=args.device, cluster=cluster,
                                  dtype=ACTIVATION_DTYPES[args.dtype])
-    sizes = parse_sizes(args.micro_batch_sizes)
     limit = args.memory_limit_gib * 2**30 if args.memory_limit_gib is not None else None
-    global_batch = args.global_batch or args.batch or 128
     warning = nested_blocks_hint(graph) if args.granularity == "op" and args.planner == "graphpipe" else None
     if warning:
         print(f"graphpipe plan: note: {warning}", file=sys.stderr, flush=True)
@@ -157,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
                       granularity=args.granularity, cost_source=source, progress=progress, **planner_limits(args))
     result = dataclasses.replace(result, model_spec=model_spec_from_args(args, source.device))
     if args.output:
-        result.save(args.output)
+        with writing("-o", args.output):
+            result.save(args.output)
     if args.json:
         print_json(result.to_dict())
     else:
@@ -171,13 +176,34 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_sizes(text: str | None) -> tuple[int, ...] | None:
-    if not text:
-        return None
+def parse_sizes(text: str | None, mini_batch: int) -> tuple[int, ...] | None:
+    """--micro-batch-sizes as integers from 1 to the mini-batch, at least one dividing it; UsageError naming
+    the size that cannot be, or a mini-batch too large to plan (`micro_batch_count_problem`)."""
+    from graphpipe.planner.api import default_micro_batch_sizes, micro_batch_count_problem
+
+    sizes = _integers(text) if text is not None else None
+    fits = list(default_micro_batch_sizes(mini_batch))
+    for size in sizes or ():
+        if not 1 <= size <= mini_batch:
+            raise UsageError(f"--micro-batch-sizes {text}: {size} is not a micro-batch size of the mini-batch of "
+                             f"{mini_batch} (from 1 to {mini_batch}); give sizes that divide it, e.g. {fits}")
+    if sizes is not None and not any(mini_batch % size == 0 for size in sizes):
+        raise UsageError(f"--micro-batch-sizes {text}: none divides the mini-batch of {mini_batch}; give sizes that "
+                         f"divide it, e.g. {fits}")
+    problem = micro_batch_count_problem(mini_batch, sizes)
+    if problem:
+        raise UsageError(f"--mini-batch {mini_batch}: {problem}")
+    return sizes
+
+
+def _integers(text: str) -> tuple[int, ...]:
     try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--micro-batch-sizes {text!r}: write sizes like 1,2,4") from None
+        sizes = ()
+    if not sizes:
+        raise UsageError(f"--micro-batch-sizes {text!r}: write whole numbers separated by commas, e.g. 1,2,4")
+    return sizes
 
 
 def ops_summary(ops: tuple[str, ...]) -> str:

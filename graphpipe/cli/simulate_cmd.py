@@ -13,9 +13,10 @@ import json
 import re
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from graphpipe.cli.common import positive_int, print_json
+from graphpipe.cli.common import check_output_files, positive_int, print_json, writing
 from graphpipe.cost.cluster import Cluster
 from graphpipe.cost.cost_table import CostTable
 from graphpipe.cost.sources import CostSource
@@ -58,6 +59,7 @@ def add_cost_args(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from graphpipe.simulation.simulator import simulate
 
+    check_output_files(("--gantt", args.gantt, "gantt.png"), ("--trace", args.trace, "trace.json"))
     plan = Plan.load(args.plan)
     costs, source = load_costs(plan, args)
     cluster = Cluster.preset(args.cluster, plan.world_size) if args.cluster else None
@@ -79,9 +81,13 @@ def write_pictures(result: SimResult, gantt: str | None, trace: str | None, *, t
 
     written = []
     if gantt:
-        written.append(render_gantt(result, gantt, title=title))
+        Path(gantt).parent.mkdir(parents=True, exist_ok=True)
+        with writing("--gantt", gantt):
+            written.append(render_gantt(result, gantt, title=title))
     if trace:
-        written.append(write_chrome_trace(result, trace))
+        Path(trace).parent.mkdir(parents=True, exist_ok=True)
+        with writing("--trace", trace):
+            written.append(write_chrome_trace(result, trace))
     return written
 
 

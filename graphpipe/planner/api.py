@@ -52,6 +52,28 @@ def default_micro_batch_sizes(global_batch_size: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+# Micro-batches per iteration beyond which planning is refused: the schedules and their simulation hold every
+# one (100,001 micro-batches of mmt-tiny on 2 devices: 6 s and +250 MB; 2 million: minutes, several GB).
+MAX_MICRO_BATCHES = 100_000
+
+
+def micro_batch_count_problem(global_batch_size: int, micro_batch_sizes: Collection[int] | None) -> str | None:
+    """A mini-batch that even its largest micro-batch size (of `micro_batch_sizes` that divide it, default
+    the powers of two) splits into more than MAX_MICRO_BATCHES, in one line with a mini-batch that plans;
+    None otherwise (or where no size divides it: `make_request` says so)."""
+    sizes = [s for s in micro_batch_sizes or default_micro_batch_sizes(global_batch_size)
+             if s >= 1 and global_batch_size % s == 0]
+    if not sizes or global_batch_size // max(sizes) <= MAX_MICRO_BATCHES:
+        return None
+    largest = max(sizes)
+    step = 1 << math.ceil(math.log2(global_batch_size / MAX_MICRO_BATCHES))  # a micro-batch size that would do
+    near = global_batch_size // step * step
+    return (f"a mini-batch of {global_batch_size:,} samples splits into at least {global_batch_size // largest:,} "
+            f"micro-batches (its largest micro-batch size is {largest}), and planning simulates every one of them "
+            f"(more than {MAX_MICRO_BATCHES:,} take minutes and gigabytes): plan a mini-batch with a larger "
+            f"power-of-two factor, e.g. {near} (= {near // step} x {step}), or a smaller one")
+
+
 def make_request(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int,
                  options: PlanOptions | None = None, *, every_size: bool = False, open_blocks: Collection[str] = (),
                  **fields: Any) -> PlanRequest:
@@ -62,6 +84,9 @@ def make_request(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batc
     if global_batch_size < 1:
         raise PlanningError(f"the mini-batch must hold at least 1 sample, got {global_batch_size}")
     wanted = opts.micro_batch_sizes
+    too_many = micro_batch_count_problem(global_batch_size, wanted)
+    if too_many:
+        raise PlanningError(too_many)
     if wanted is None:
         sizes = default_micro_batch_sizes(global_batch_size)
     else:

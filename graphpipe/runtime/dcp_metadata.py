@@ -4,7 +4,7 @@ DCP pickles its metadata. A crafted pickle runs whatever it names, so the file g
 pure-Python unpickler with `find_class` restricted to DCP's own metadata dataclasses, `torch.Size`,
 dtypes and the layout lookup, and with BUILD (setting state) allowed only on those dataclasses'
 instances: any other global, or state set on a class or a shared object, is refused with a
-`TrainingError` naming it.
+`WeightsError` naming it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from graphpipe.errors import TrainingError
+from graphpipe.errors import WeightsError
 
 __all__ = ["load_metadata"]
 
@@ -38,17 +38,17 @@ _PATHS: dict[str, type[PurePath]] = {"Path": PurePath, "PurePath": PurePath, "Po
 
 
 def load_metadata(path: Path) -> Any:
-    """DCP's `.metadata`, unpickled with only its own classes reachable; TrainingError for anything else."""
+    """DCP's `.metadata`, unpickled with only its own classes reachable; WeightsError for anything else."""
     try:
         with open(path, "rb") as handle:
             return _MetadataUnpickler(handle).load()
     except _RefusedError as refused:
-        raise TrainingError(f"weights {path} refused: unpickling it would build {refused}, which DCP metadata never "
+        raise WeightsError(f"weights {path} refused: unpickling it would build {refused}, which DCP metadata never "
                             "holds and which could run code; if you trust the checkpoint, convert it with "
                             "torch.distributed.checkpoint.format_utils.dcp_to_torch_save and save that as "
                             ".safetensors") from None
     except Exception as error:
-        raise TrainingError(f"weights {path} is not a readable torch.distributed.checkpoint metadata file "
+        raise WeightsError(f"weights {path} is not a readable torch.distributed.checkpoint metadata file "
                             f"({type(error).__name__}: {error}); re-save the checkpoint or give a .safetensors "
                             "file") from None
 

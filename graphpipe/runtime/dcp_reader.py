@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from graphpipe.errors import TrainingError
+from graphpipe.errors import WeightsError
 from graphpipe.runtime.dcp_metadata import load_metadata
 
 __all__ = ["DcpDirectory"]
@@ -36,10 +36,11 @@ class DcpDirectory:
         self.places = _storage_places(_field(metadata, "storage_data", dict, root), root)
         try:
             self.shapes = {str(key): tuple(int(n) for n in item.size) for key, item in tensors.items()}
+            self.dtypes = {str(key): _dtype(item) for key, item in tensors.items()}
             self.chunks = {str(key): [(tuple(int(n) for n in chunk.offsets), tuple(int(n) for n in chunk.sizes))
                                       for chunk in item.chunks] for key, item in tensors.items()}
         except (AttributeError, TypeError, ValueError) as error:
-            raise TrainingError(f"weights {root}/.metadata: a tensor entry is malformed ({error}); re-save the "
+            raise WeightsError(f"weights {root}/.metadata: a tensor entry is malformed ({error}); re-save the "
                                 "checkpoint with torch.distributed.checkpoint.save") from None
 
     def read(self, wanted: Mapping[str, tuple[torch.Size, torch.dtype]]) -> dict[str, torch.Tensor]:
@@ -56,16 +57,16 @@ class DcpDirectory:
         for offsets, sizes in self.chunks[key]:
             if len(offsets) != len(shape) or len(sizes) != len(shape) or any(
                     o < 0 or s < 0 or o + s > n for o, s, n in zip(offsets, sizes, shape)):
-                raise TrainingError(f"weights {self.root}: a chunk of {key!r} at {list(offsets)} of size "
+                raise WeightsError(f"weights {self.root}: a chunk of {key!r} at {list(offsets)} of size "
                                     f"{list(sizes)} lies outside its shape {list(shape)}; the checkpoint is damaged")
             part = self._chunk(key, offsets, handles, stack)
             if tuple(part.shape) != sizes:
-                raise TrainingError(f"weights {self.root}: the chunk of {key!r} at {list(offsets)} holds "
+                raise WeightsError(f"weights {self.root}: the chunk of {key!r} at {list(offsets)} holds "
                                     f"{list(part.shape)}, the metadata says {list(sizes)}; the checkpoint is damaged")
             out[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))].copy_(part)
             covered += math.prod(sizes)
         if covered != math.prod(shape):
-            raise TrainingError(f"weights {self.root}: the chunks of {key!r} cover {covered} of its "
+            raise WeightsError(f"weights {self.root}: the chunks of {key!r} cover {covered} of its "
                                 f"{math.prod(shape)} elements; the checkpoint is incomplete")
         return out
 
@@ -73,7 +74,7 @@ class DcpDirectory:
                stack: ExitStack) -> torch.Tensor:
         place = self.places.get((key, offsets))
         if place is None:
-            raise TrainingError(f"weights {self.root}/.metadata: no storage entry for {key!r} at {list(offsets)}; "
+            raise WeightsError(f"weights {self.root}/.metadata: no storage entry for {key!r} at {list(offsets)}; "
                                 "the checkpoint is incomplete")
         relative, start, length, transforms = place
         if relative not in handles:
@@ -82,15 +83,21 @@ class DcpDirectory:
         handle.seek(start)
         blob = handle.read(length)
         if len(blob) != length:
-            raise TrainingError(f"weights {self.root / relative}: {key!r} needs bytes {start}..{start + length} but "
+            raise WeightsError(f"weights {self.root / relative}: {key!r} needs bytes {start}..{start + length} but "
                                 f"the file ends first; the checkpoint is truncated")
         return _tensor_blob(_untransformed(blob, transforms, self.root / relative), key, self.root / relative)
+
+
+def _dtype(item: Any) -> torch.dtype | None:
+    """A tensor entry's dtype, None where the metadata names none."""
+    dtype = getattr(getattr(item, "properties", None), "dtype", None)
+    return dtype if isinstance(dtype, torch.dtype) else None
 
 
 def _field(metadata: object, name: str, kind: type, root: Path) -> Any:
     value = getattr(metadata, name, None)
     if not isinstance(value, kind):
-        raise TrainingError(f"weights {root}/.metadata has no {name} {kind.__name__}; it is not a "
+        raise WeightsError(f"weights {root}/.metadata has no {name} {kind.__name__}; it is not a "
                             "torch.distributed.checkpoint written by FileSystemWriter")
     return value
 
@@ -106,11 +113,11 @@ def _storage_places(storage: dict[Any, Any], root: Path) -> dict[tuple[str, tupl
                      tuple(str(t) for t in getattr(info, "transform_descriptors", None) or ()))
             where = (str(index.fqn), tuple(int(n) for n in index.offset))
         except (AttributeError, TypeError, ValueError) as error:
-            raise TrainingError(f"weights {root}/.metadata: a storage entry is malformed ({error}); re-save the "
+            raise WeightsError(f"weights {root}/.metadata: a storage entry is malformed ({error}); re-save the "
                                 "checkpoint with torch.distributed.checkpoint.save") from None
         path = PurePosixPath(relative)
         if not relative or path.is_absolute() or ".." in path.parts:
-            raise TrainingError(f"weights {root}/.metadata points at {relative!r}, outside the checkpoint "
+            raise WeightsError(f"weights {root}/.metadata points at {relative!r}, outside the checkpoint "
                                 "directory; refusing to read it")
         places[where] = place
     return places
@@ -129,7 +136,7 @@ def _untransformed(blob: bytes, transforms: tuple[str, ...], path: Path) -> byte
                 stream = extension.transform_from(stream)
         return bytes(stream.read())
     except Exception as error:  # an unknown transform or a missing codec package
-        raise TrainingError(f"weights {path}: cannot undo the stream transforms {list(transforms)} ({error}); "
+        raise WeightsError(f"weights {path}: cannot undo the stream transforms {list(transforms)} ({error}); "
                             "install the codec or re-save the checkpoint without them") from None
 
 
@@ -138,8 +145,8 @@ def _tensor_blob(blob: bytes, key: str, path: Path) -> torch.Tensor:
         tensor = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
     except Exception as error:  # weights_only refuses anything but tensors and plain containers
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise TrainingError(f"weights {path}: the blob of {key!r} is not a plain tensor ({first}); re-save "
+        raise WeightsError(f"weights {path}: the blob of {key!r} is not a plain tensor ({first}); re-save "
                             "the checkpoint with torch.distributed.checkpoint.save") from None
     if not isinstance(tensor, torch.Tensor):
-        raise TrainingError(f"weights {path}: the blob of {key!r} holds a {type(tensor).__name__}, not a tensor")
+        raise WeightsError(f"weights {path}: the blob of {key!r} holds a {type(tensor).__name__}, not a tensor")
     return tensor

@@ -26,6 +26,9 @@ _ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+
 _FAILURE = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
 _RANK_ERROR = re.compile(r"graphpipe train: rank (\d+): error: (.*)")
 _PEER_DIED = "probably died"  # how a rank says it failed only because a peer did (runtime/comm.py)
+# torchrun's own log once a rank has failed: it stops the others, then prints its traceback and a summary
+_TORCHRUN_REPORT = re.compile(r"^[WE]\d{4} [^\n]*torch/distributed/elastic/[^\n]*(?:closing signal|failed \(exitcode)",
+                              re.MULTILINE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,7 +130,9 @@ class _StopSignals:
 
 class _Relay(threading.Thread):
     """Copies torchrun's output to stderr and keeps its tail for `parse_failure`; muted once the launcher
-    stops the run, so an interrupt ends with one line, not every rank's traceback."""
+    stops the run, so an interrupt ends with one line, not every rank's traceback, and from torchrun's own
+    report of a failed rank on (its traceback and summary; the ranks' own output before it is shown, and
+    `LaunchResult.describe` says in one line what the report says), so the failed rank's error stays in view."""
 
     def __init__(self, fd: int) -> None:
         super().__init__(name="graphpipe-launch-relay", daemon=True)
@@ -142,11 +147,18 @@ class _Relay(threading.Thread):
                 text = chunk.decode(errors="replace")
                 self.tail = (self.tail + text)[-200_000:]
                 if not self._muted:
-                    sys.stderr.write(text)
-                    sys.stderr.flush()
-                    self._at_line_start = text.endswith("\n")
+                    report = _TORCHRUN_REPORT.search(text)
+                    self._write(text[:report.start()] if report else text)
+                    if report:
+                        self.mute()
         finally:
             os.close(self._fd)
+
+    def _write(self, text: str) -> None:
+        if text:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+            self._at_line_start = text.endswith("\n")
 
     def mute(self) -> None:
         """Stop forwarding; end a half-written line (a progress bar) so what follows starts a line."""

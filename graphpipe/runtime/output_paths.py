@@ -1,8 +1,9 @@
-"""Check the directories training writes into (--checkpoint-dir, --trace) before any worker starts.
+"""Check the directories training writes into (--checkpoint-dir, --trace) before any worker starts, and the
+files a command writes (plan -o, capture -o, simulate --gantt) before it works.
 
-Otherwise a directory that cannot be written is found at the first save, after the training it was
+Otherwise a path that cannot be written is found at the first save, after the training (or the search) it was
 meant to keep. Nothing is created: an existing directory is probed with an unnamed temporary file
-(gone when closed), a missing one through its nearest existing ancestor, where training would create it.
+(gone when closed), a missing one through its nearest existing ancestor, where it would be created.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["output_paths_problem"]
+__all__ = ["output_file_problem", "output_paths_problem"]
 
 
 def output_paths_problem(checkpoint_dir: str | None, trace_dir: str | None) -> str | None:
@@ -21,6 +22,20 @@ def output_paths_problem(checkpoint_dir: str | None, trace_dir: str | None) -> s
             problem = _directory_problem(option, directory)
             if problem:
                 return problem
+    return None
+
+
+def output_file_problem(option: str, path: str, example: str) -> str | None:
+    """Why the file `path` (given as `option`) could not be written, in one line with the fix, or None.
+    Its missing folders are fine where they can be created (the commands create them); `example` is a
+    file name to suggest when `path` is a directory."""
+    if os.path.isdir(path):
+        return f"{option} {path} is a directory; give a file path, e.g. {os.path.join(path, example)}"
+    problem = _directory_problem(f"{option} {path}: the folder", os.path.dirname(os.path.abspath(path)))
+    if problem is not None:
+        return problem
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return f"{option} {path} is not writable (permissions); give a path you can write, or change its mode"
     return None
 
 

@@ -1,7 +1,8 @@
-"""Bad input to `simulate`, `show` and `train`: one line on stderr naming what is wrong, exit code 2.
+"""Bad input to any command: one line on stderr naming what is wrong (the last, no traceback), exit code 2.
 
 Run in-process through `graphpipe.cli.main.main`; `train` never gets as far as starting workers
-(the launcher is replaced by one that fails the test if it is called).
+(the launcher is replaced by one that fails the test if it is called): what a rank would find (the
+loss, the --weights) `graphpipe train` checks first. `BAD_INPUTS` is the table of issue 45's cases.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+import graphpipe.cli.train_cmd as train_cmd
 import graphpipe.runtime.launch as launch_module
 from graphpipe.cli import main as cli_main
 from graphpipe.models import load_model
@@ -191,3 +193,154 @@ def test_an_interrupted_train_exits_128_plus_the_signal_with_one_line(
     diamond_plan.save(tmp_path / "plan.json")
     assert cli_main.main(["train", "--plan", str(tmp_path / "plan.json"), "--nproc", "3"]) == code
     assert _one_line(capsys) == says
+
+
+# ---- every bad input of issue 45: one line, the last on stderr, no traceback, exit 2 -----------------------------
+FACTORIES = '''
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def ok(batch_size=4, seed=0):
+    return Net(), {"x": torch.randn(batch_size, 4)}, torch.randn(batch_size, 2), nn.MSELoss()
+
+
+def vector_loss(batch_size=4):
+    return Net(), {"x": torch.randn(batch_size, 4)}, torch.randn(batch_size, 2), nn.MSELoss(reduction="none")
+
+
+def raises(batch_size=4):
+    raise RuntimeError("no GPU found")
+
+
+def a_number():
+    return 42
+
+
+def two_things():
+    return Net(), 1
+
+
+def not_a_module():
+    return "model", {"x": torch.randn(4, 4)}, torch.randn(4, 2), nn.MSELoss()
+'''
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with the factories, weights files good and bad, and a file to use as a folder."""
+    from safetensors.torch import save_file
+
+    root = tmp_path_factory.mktemp("bad_input")
+    (root / "f.py").write_text(FACTORIES)
+    (root / "syntax.py").write_text("def f(:\n")
+    (root / "a_file").write_text("")
+    good = {"a.weight": torch.ones(4, 4), "a.bias": torch.ones(4), "b.weight": torch.ones(2, 4),
+            "b.bias": torch.ones(2)}
+    save_file(good, root / "good.safetensors")
+    save_file({k: v for k, v in good.items() if k != "b.bias"}, root / "missing.safetensors")
+    save_file({**good, "a.weight": torch.ones(3, 4)}, root / "shape.safetensors")
+    save_file({**good, "a.weight": torch.ones(4, 4, dtype=torch.int32)}, root / "int.safetensors")
+    data = (root / "good.safetensors").read_bytes()
+    (root / "cut.safetensors").write_bytes(data[: len(data) // 2])
+    (root / "text.safetensors").write_text("not safetensors")
+    return root
+
+
+PLAN = ["plan", "--cluster", "local-cpu", "--devices", "2", "--mini-batch", "8"]
+MMT = [*PLAN, "--model", "mmt", "--preset", "tiny"]
+TRAIN = ["train", "--model", "{dir}/f.py:ok", "--nproc", "2"]
+NO_PROC = "/proc/graphpipe-no-such-folder"  # a folder nobody can create, root included
+
+BAD_INPUTS: dict[str, tuple[list[str], str]] = {
+    # the model: file.py:factory, zoo names, --set
+    "model file missing": ([*PLAN, "--model", "{dir}/none.py:ok"], "model file {dir}/none.py does not exist"),
+    "model syntax error": ([*PLAN, "--model", "{dir}/syntax.py:f"], "importing {dir}/syntax.py failed: SyntaxError"),
+    "factory missing": ([*PLAN, "--model", "{dir}/f.py:nope"], "has no callable 'nope'; it defines"),
+    "no factory named": ([*PLAN, "--model", "{dir}/f.py"], "names a file but no factory; write {dir}/f.py:factory"),
+    "factory raises": ([*PLAN, "--model", "{dir}/f.py:raises"], "raised RuntimeError: no GPU found"),
+    "factory returns a number": ([*PLAN, "--model", "{dir}/f.py:a_number"],
+                                 "must return (model, inputs, targets, loss_fn), got int"),
+    "factory returns two things": ([*PLAN, "--model", "{dir}/f.py:two_things"], "got tuple of length 2"),
+    "factory returns no module": ([*PLAN, "--model", "{dir}/f.py:not_a_module"], "returned a str as model"),
+    "factory takes no option": ([*PLAN, "--model", "{dir}/f.py:ok", "--set", "width=3"], "takes no option ['width']"),
+    "unknown zoo model": ([*PLAN, "--model", "mmtt"], "unknown model 'mmtt'; choose one of mmt,"),
+    "unknown preset": ([*MMT, "--preset", "huge"], "model 'mmt' has no preset 'huge'"),
+    "--set without =": ([*MMT, "--set", "num_layers"], "--set 'num_layers': write KEY=VALUE"),
+    "--set unknown option": ([*MMT, "--set", "width=3"], "model 'mmt' has no option ['width']"),
+    "--set bad value": ([*MMT, "--set", "num_branches=0"], "num_branches must be >= 1, got 0"),
+    # --micro-batch-sizes and --mini-batch
+    "micro-batch 0": ([*MMT, "--micro-batch-sizes", "0"], "0 is not a micro-batch size of the mini-batch of 8"),
+    "micro-batch negative": ([*MMT, "--micro-batch-sizes=-2"], "-2 is not a micro-batch size"),
+    "micro-batch words": ([*MMT, "--micro-batch-sizes", "a,b"], "'a,b': write whole numbers separated by commas"),
+    "micro-batch fraction": ([*MMT, "--micro-batch-sizes", "1.5"], "'1.5': write whole numbers"),
+    "micro-batch empty": ([*MMT, "--micro-batch-sizes", ","], "',': write whole numbers"),
+    "micro-batch too large": ([*MMT, "--micro-batch-sizes", "16"], "16 is not a micro-batch size of the mini-batch"),
+    "micro-batch divides not": ([*MMT, "--micro-batch-sizes", "3"], "none divides the mini-batch of 8; give sizes"),
+    "mini-batch too large to plan": ([*MMT, "--mini-batch", "1000000000"],
+                                     "splits into at least 1,953,125 micro-batches (its largest micro-batch size is "
+                                     "512)"),
+    "train mini-batch too large": ([*TRAIN, "--mini-batch", "1000000000"], "e.g. 999997440 (= 61035 x 16384)"),
+    # training: the loss, --weights, --lr (all found before any rank starts)
+    "vector loss": (["train", "--model", "{dir}/f.py:vector_loss", "--nproc", "2"],
+                    "loss_fn returns a tensor of shape (4, 2) on its example batch of 4, not a scalar"),
+    "weights cut short": ([*TRAIN, "--weights", "{dir}/cut.safetensors"],
+                          "weights {dir}/cut.safetensors is not a readable .safetensors file"),
+    "weights not safetensors": ([*TRAIN, "--weights", "{dir}/text.safetensors"], "is not a readable .safetensors"),
+    "weights lack a key": ([*TRAIN, "--weights", "{dir}/missing.safetensors"],
+                           "lack 1 of the 4 tensors the model needs (first: ['b.bias'])"),
+    "weights of another shape": ([*TRAIN, "--weights", "{dir}/shape.safetensors"],
+                                 "a.weight: [3, 4] in the file, [4, 4] in the model"),
+    "integer weights": ([*TRAIN, "--weights", "{dir}/int.safetensors"],
+                        "a.weight is int32 in the file but float32 in the model"),
+    "lr nan": ([*TRAIN, "--lr", "nan"], "--lr must be a finite number of at least 0, got nan"),
+    "lr inf": ([*TRAIN, "--lr", "inf"], "got inf"),
+    "lr negative": ([*TRAIN, "--lr=-0.1"], "got -0.1"),
+    # files written: -o, --gantt
+    "plan -o a folder": ([*MMT, "-o", "{dir}"], "-o {dir} is a directory; give a file path, e.g. {dir}/plan.json"),
+    "plan -o under a file": ([*MMT, "-o", "{dir}/a_file/plan.json"], "the folder {dir}/a_file exists but is a file"),
+    "plan -o unwritable": ([*MMT, "-o", f"{NO_PROC}/plan.json"], "cannot be created: /proc is not writable"),
+    "capture -o a folder": (["capture", "--model", "mmt", "-o", "{dir}"], "-o {dir} is a directory"),
+    "capture -o under a file": (["capture", "--model", "mmt", "-o", "{dir}/a_file/g.json"], "exists but is a file"),
+    "capture -o unwritable": (["capture", "--model", "mmt", "-o", f"{NO_PROC}/g.json"], "/proc is not writable"),
+    "gantt a folder": (["simulate", "{dir}/plan.json", "--gantt", "{dir}"], "--gantt {dir} is a directory"),
+    "gantt under a file": (["simulate", "{dir}/plan.json", "--gantt", "{dir}/a_file/g.png"], "exists but is a file"),
+    "gantt unwritable": (["simulate", "{dir}/plan.json", "--gantt", f"{NO_PROC}/g.png"], "/proc is not writable"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_every_bad_input_is_one_line_and_exit_2(case: str, inputs: Path, diamond_plan: Plan, no_launch: None,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    argv, says = BAD_INPUTS[case]
+    if NO_PROC in " ".join(argv) and not Path("/proc").is_dir():
+        pytest.skip("needs Linux's /proc as a folder nobody can write")
+    diamond_plan.save(inputs / "plan.json")
+    assert cli_main.main([word.format(dir=inputs) for word in argv]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    assert says.format(dir=inputs) in err.splitlines()[-1], err
+
+
+def test_good_weights_pass_the_checks_made_before_the_ranks_start(inputs: Path, diamond_plan: Plan,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The checks above refuse only what is wrong: the same model with fitting weights is launched."""
+    def planned(args: Any, path: Path) -> str:  # not the model's plan: the launcher is a fake
+        diamond_plan.save(path)
+        return str(path)
+
+    monkeypatch.setattr(train_cmd, "_plan_now", planned)
+    monkeypatch.setattr(launch_module, "launch", _fake_launch(LaunchResult(returncode=0), steps=1))
+    argv = [word.format(dir=inputs) for word in [*TRAIN, "--weights", "{dir}/good.safetensors", "--steps", "1"]]
+    assert cli_main.main(argv) == 0, capsys.readouterr().err

@@ -95,9 +95,9 @@ def test_paper_preset_captures_on_meta(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_bad_model_is_an_error_with_the_fix(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli_main.main(["capture", "--model", "nope"]) == 1
+    assert cli_main.main(["capture", "--model", "nope"]) == 2
     assert "path/to/file.py:factory" in capsys.readouterr().err
-    assert cli_main.main(["capture", "--model", "mmt", "--set", "width"]) == 1
+    assert cli_main.main(["capture", "--model", "mmt", "--set", "width"]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
 
 

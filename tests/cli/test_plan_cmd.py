@@ -50,7 +50,7 @@ def test_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bad_micro_batch_sizes_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["plan", "--model", "toy_chain", "--preset", "tiny", "--cluster", "local-cpu", "--devices", "2",
                  "--batch", "8", "--micro-batch-sizes", "3,5"])
-    assert code == 1 and "divides the mini-batch of 8" in capsys.readouterr().err
+    assert code == 2 and "divides the mini-batch of 8" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("text", "gib"), [("0.5", 0.5), ("512MiB", 0.5), ("0.38GiB", 0.38), ("2g", 2.0),

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
-from graphpipe.runtime.launch import parse_failure, torchrun_command
+import pytest
+
+from graphpipe.runtime.launch import _Relay, parse_failure, torchrun_command
 
 TORCHRUN_SUMMARY = """
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
@@ -92,3 +95,22 @@ def test_a_rank_torchrun_stopped_is_not_named_when_another_failed_of_its_own_acc
     assert result.failed_rank == 1 and result.message.startswith("this model's graph")
     alone = parse_failure(1, stopped)
     assert (alone.failed_rank, alone.rank_exitcode) == (0, -15)
+
+
+def test_the_relay_shows_the_ranks_output_but_not_torchruns_own_failure_report(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """torchrun's traceback and summary after a rank failed are held back (the launcher says it in one line);
+    the rank's own error before it stays on stderr, and the tail keeps everything for `parse_failure`."""
+    ranks = "train:   0%|          | 0/1graphpipe train: rank 0: error: rank 0: the loss is a vector\n"
+    report = ("E1207 10:09:20.515000 2485 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+              "(exitcode: 1) local_rank: 0 (pid: 2491) of binary: python\nTraceback (most recent call last):\n"
+              + TORCHRUN_SUMMARY.replace("-9", "1"))
+    read_fd, write_fd = os.pipe()
+    relay = _Relay(read_fd)
+    relay.start()
+    os.write(write_fd, ranks.encode())
+    os.write(write_fd, report.encode())
+    os.close(write_fd)
+    relay.join(timeout=5)
+    assert capsys.readouterr().err == ranks
+    assert parse_failure(1, relay.tail).message == "rank 0: the loss is a vector"

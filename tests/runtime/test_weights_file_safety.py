@@ -14,7 +14,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 
-from graphpipe.errors import TrainingError
+from graphpipe.errors import TrainingError, WeightsError
 from graphpipe.runtime.weights_file import WeightsFile
 
 
@@ -143,3 +143,21 @@ def test_truncated_blob_file_says_so(tmp_path: Path) -> None:
     data.write_bytes(data.read_bytes()[:100])
     with pytest.raises(TrainingError, match=r"the file ends first; the checkpoint is truncated"):
         WeightsFile(tmp_path / "ckpt").read({"steps": (torch.Size([3]), torch.int64)})
+
+
+@pytest.mark.parametrize("kind", ["safetensors", "dcp"])
+def test_integers_for_a_float_parameter_are_refused_not_cast(kind: str, tmp_path: Path) -> None:
+    """A rank would otherwise train from int32 weights cast to float without a word; floats of another width
+    (a bf16 file for a float32 model) still convert."""
+    from safetensors.torch import save_file
+
+    state = {"w": torch.ones(2, 2, dtype=torch.int32), "b": torch.ones(2, dtype=torch.bfloat16)}
+    path = tmp_path / ("w.safetensors" if kind == "safetensors" else "ckpt")
+    if kind == "safetensors":
+        save_file(state, path)
+    else:
+        _save(state, path)
+    source = WeightsFile(path)
+    assert source.read({"b": (torch.Size([2]), torch.float32)})["b"].dtype == torch.float32
+    with pytest.raises(WeightsError, match=r"\(first: w is int32 in the file but float32 in the model\)"):
+        source.read({"w": (torch.Size([2, 2]), torch.float32)})

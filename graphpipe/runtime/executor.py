@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from graphpipe.errors import TrainingError
-from graphpipe.runtime.comm import Transport
+from graphpipe.runtime.comm import ACTIVATIONS, GRADIENTS, RecvSpec, Transport
+from graphpipe.runtime.grad_buckets import GradBuckets
 from graphpipe.runtime.lowering import Piece, message_pieces, share
 from graphpipe.runtime.shared_grads import SharedGrads
 from graphpipe.runtime.stage_module import MODEL_OUTPUT, StageModule
@@ -62,7 +63,8 @@ class StageExecutor:
 
     def __init__(self, *, plan: Plan, stage: StageModule, rank: int, transport: Transport, loss_fn: LossFn,
                  params: Sequence[torch.nn.Parameter] = (), on_step: Callable[[], None] | None = None,
-                 autocast: torch.dtype | None = None, shared: SharedGrads | None = None) -> None:
+                 autocast: torch.dtype | None = None, shared: SharedGrads | None = None,
+                 overlap_grad_reduce: bool = True) -> None:
         self.plan = plan
         self.stage = stage
         self.spec = stage.spec
@@ -79,6 +81,9 @@ class StageExecutor:
         held = {id(param) for param in self.shared_held.values()}
         self.local_params = tuple(param for param in self.params if id(param) not in held)
         self.stage_info = plan.stages[self.spec.stage_idx]
+        # the data-parallel sum in buckets launched during the last backward (else: all of it after it)
+        self.buckets = GradBuckets(self.local_params, self.stage_info.ranks, transport) \
+            if overlap_grad_reduce and len(self.stage_info.ranks) > 1 and self.local_params else None
         # (peer, value) -> (dtype, trailing shape, rows per sample), from the header sent once per peer
         self._known: dict[tuple[int, str], tuple[torch.dtype, tuple[int, ...], int]] = {}
         self._sent_header: set[tuple[int, str]] = set()
@@ -106,8 +111,11 @@ class StageExecutor:
         self._states: dict[int, _MicroBatchState] = {}
         self._local_loss = torch.zeros((), device=self.transport.device)
         self.events = []
-        for action in actions:
+        last_backward = _last_backward(actions)
+        for index, action in enumerate(actions):
             start = time.monotonic()
+            if index == last_backward and self.buckets is not None:
+                self.buckets.arm()
             self._run_guarded(action)
             self.events.append(ActionEvent(action=action, start_s=start, end_s=time.monotonic()))
         self.transport.flush()
@@ -262,32 +270,48 @@ class StageExecutor:
         return total
 
     # ---- activations -------------------------------------------------------------------------
+    # A receive action posts all its receives in one `recv_many` (headers first, in one call of their own: a
+    # header gives the shape of what follows), so the sender sends an action's headers before its tensors.
     def _send_act(self, message: int, dst_stage: int) -> None:
         values = self.spec.sends.get(dst_stage, ())
-        for piece in self._pieces(dst_stage, message):
-            if not values:
-                self.transport.send(self._token, piece.peer_rank)
-                continue
+        pieces = self._pieces(dst_stage, message)
+        if not values:
+            for piece in pieces:
+                self.transport.send(self._token, piece.peer_rank, ACTIVATIONS)
+            return
+        slices = []
+        for piece in pieces:
             micro_batch, state = self._state_of_sample(piece.start)
             offset, stop = self._my_rows(micro_batch)
             for name in values:
                 tensor = _crossing_tensor(state.outputs.get(name), name, self.spec.stage_idx, dst_stage)
                 per = _rows_per_sample(tensor, stop - offset, name)
                 self._send_header(piece.peer_rank, name, tensor, per)
-                self.transport.send(tensor.detach()[(piece.start - offset) * per:(piece.stop - offset) * per],
-                                    piece.peer_rank)
+                slices.append((tensor.detach()[(piece.start - offset) * per:(piece.stop - offset) * per],
+                               piece.peer_rank))
+        for tensor, peer in slices:
+            self.transport.send(tensor, peer, ACTIVATIONS)
 
     def _recv_act(self, message: int, src_stage: int) -> None:
         values = self.spec.recvs.get(src_stage, ())
-        for piece in self._pieces(src_stage, message):
-            if not values:
-                self.transport.recv(self._token.shape, self._token.dtype, piece.peer_rank)
-                continue
+        pieces = self._pieces(src_stage, message)
+        if not values:
+            self._recv_tokens([piece.peer_rank for piece in pieces])
+            return
+        self._recv_headers([(piece.peer_rank, name) for piece in pieces for name in values])
+        specs: list[RecvSpec] = []
+        slots = []
+        for piece in pieces:
             _, state = self._state_of_sample(piece.start)
             for name in values:
-                dtype, trailing, per = self._recv_header(piece.peer_rank, name)
-                tensor = self.transport.recv(((piece.stop - piece.start) * per, *trailing), dtype, piece.peer_rank)
-                state.received.setdefault(name, []).append((piece.start, tensor))
+                dtype, trailing, per = self._known[(piece.peer_rank, name)]
+                specs.append((((piece.stop - piece.start) * per, *trailing), dtype, piece.peer_rank))
+                slots.append((state, name, piece.start))
+        for (state, name, start), tensor in zip(slots, self.transport.recv_many(specs, ACTIVATIONS)):
+            state.received.setdefault(name, []).append((start, tensor))
+
+    def _recv_tokens(self, peers: list[int]) -> None:
+        self.transport.recv_many([(self._token.shape, self._token.dtype, peer) for peer in peers], ACTIVATIONS)
 
     # ---- gradients ---------------------------------------------------------------------------
     def _send_grad(self, message: int, src_stage: int) -> None:
@@ -296,26 +320,33 @@ class StageExecutor:
             offset, stop = self._my_rows(micro_batch)
             names = [name for name in self.spec.recvs.get(src_stage, ()) if state.inputs[name].is_floating_point()]
             if not names:
-                self.transport.send(self._token, piece.peer_rank)
+                self.transport.send(self._token, piece.peer_rank, GRADIENTS)
             for name in names:
                 value = state.inputs[name]
                 per = _rows_per_sample(value, stop - offset, name)
                 grad = value.grad if value.grad is not None else torch.zeros_like(value)
-                self.transport.send(grad[(piece.start - offset) * per:(piece.stop - offset) * per], piece.peer_rank)
+                self.transport.send(grad[(piece.start - offset) * per:(piece.stop - offset) * per], piece.peer_rank,
+                                    GRADIENTS)
 
     def _recv_grad(self, message: int, dst_stage: int) -> None:
+        specs: list[RecvSpec] = []
+        slots: list[tuple[_MicroBatchState, str, int] | None] = []  # None: a token
         for piece in self._pieces(dst_stage, message):
             micro_batch, state = self._state_of_sample(piece.start)
             offset, stop = self._my_rows(micro_batch)
             names = [name for name in self.spec.sends.get(dst_stage, ()) if _has_grad(state.outputs.get(name))]
             if not names:
-                self.transport.recv(self._token.shape, self._token.dtype, piece.peer_rank)
+                specs.append((self._token.shape, self._token.dtype, piece.peer_rank))
+                slots.append(None)
             for name in names:
                 value = state.outputs[name]
                 per = _rows_per_sample(value, stop - offset, name)
-                shape = ((piece.stop - piece.start) * per, *value.shape[1:])
-                grad = self.transport.recv(shape, value.dtype, piece.peer_rank)
-                state.grads.setdefault(name, []).append((dst_stage, piece.start - offset, grad))
+                specs.append((((piece.stop - piece.start) * per, *value.shape[1:]), value.dtype, piece.peer_rank))
+                slots.append((state, name, piece.start - offset))
+        for slot, grad in zip(slots, self.transport.recv_many(specs, GRADIENTS)):
+            if slot is not None:
+                state, name, start = slot
+                state.grads.setdefault(name, []).append((dst_stage, start, grad))
 
     def _all_reduce(self) -> None:
         self._data_parallel_all_reduce()
@@ -324,6 +355,9 @@ class StageExecutor:
 
     def _data_parallel_all_reduce(self) -> None:
         ranks = self.stage_info.ranks
+        if self.buckets is not None:
+            self.buckets.finish()
+            return
         if len(ranks) <= 1:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.local_params]
@@ -350,14 +384,26 @@ class StageExecutor:
         header[1] = tensor.dim() - 1
         header[2:1 + tensor.dim()] = torch.tensor(tensor.shape[1:], dtype=torch.int64)
         header[-1] = rows_per_sample
-        self.transport.send(header.to(self.transport.device), peer)
+        self.transport.send(header.to(self.transport.device), peer, ACTIVATIONS)
         self._sent_header.add((peer, name))
 
-    def _recv_header(self, peer: int, name: str) -> tuple[torch.dtype, tuple[int, ...], int]:
-        if (peer, name) not in self._known:
-            header = self.transport.recv((_HEADER_LEN,), torch.int64, peer).cpu().tolist()
-            self._known[(peer, name)] = (_DTYPES[header[0]], tuple(header[2:2 + header[1]]), header[-1])
-        return self._known[(peer, name)]
+    def _recv_headers(self, keys: list[tuple[int, str]]) -> None:
+        """Receive, in one call, the headers of the (peer, value) pairs not seen yet, in the order sent."""
+        unknown = [key for key in dict.fromkeys(keys) if key not in self._known]
+        if not unknown:
+            return
+        headers = self.transport.recv_many([((_HEADER_LEN,), torch.int64, peer) for peer, _ in unknown], ACTIVATIONS)
+        for key, header in zip(unknown, headers):
+            values = header.cpu().tolist()
+            self._known[key] = (_DTYPES[values[0]], tuple(values[2:2 + values[1]]), values[-1])
+
+
+def _last_backward(actions: Sequence[Action]) -> int | None:
+    """The index of the step's last backward, where gradients become final (None in a list that does not
+    reduce them: a mini-batch whose gradients only accumulate)."""
+    if not any(action.kind == ActionKind.ALL_REDUCE for action in actions):
+        return None
+    return max((i for i, action in enumerate(actions) if action.kind == ActionKind.BACKWARD), default=None)
 
 
 def _has_grad(value: Any) -> bool:

@@ -48,8 +48,11 @@ class StepMetrics:
 
 
 def peak_memory_bytes(device: torch.device) -> int:
-    """Peak allocated memory on a CUDA device; on CPU the process's peak resident set size."""
+    """Peak allocated memory on a CUDA device since the last call (each step's own: the statistics are reset);
+    on CPU the process's peak resident set size."""
     if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
+        peak = int(torch.cuda.max_memory_allocated(device))
+        torch.cuda.reset_peak_memory_stats(device)
+        return peak
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)

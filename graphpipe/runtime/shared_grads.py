@@ -1,12 +1,14 @@
-"""Parameters held by several stages (tied weights): one gradient sum over every rank that holds one.
+"""Parameters held by several stages (tied weights): one gradient sum over the ranks that hold one.
 
-Each stage that reads a shared parameter holds a copy and computes a gradient from its own ops
-and samples; the true gradient is the sum over all of them. Every rank of the plan takes part in
-one all-reduce of a buffer laid out the same way everywhere (all shared parameters by name; zeros
-for those a rank does not hold), so ranks without shared parameters need no special case and no
-process group beyond the plan's. A shared parameter is left out of its stage's data-parallel
-all-reduce: its ranks' gradients are counted once each, here. Equal gradients and the same
-optimizer keep the copies equal.
+Each stage that reads a shared parameter holds a copy and computes a gradient from its own ops and
+samples; the true gradient is the sum over all of them. The shared parameters are bucketed by the ranks
+that hold them (every rank of every stage that reads them) and their dtype; each bucket is one all-reduce
+of its gradients, in their own dtype, over those ranks alone: a rank that holds no shared parameter takes
+no part, and a tied embedding costs its own size, not a float64 copy on every rank of the plan. Every
+holder issues its buckets in the same order (sorted by ranks, then dtype), so the collectives of
+overlapping groups cannot cross. A shared parameter is left out of its stage's data-parallel all-reduce:
+its ranks' gradients are counted once each, here. Equal gradients and the same optimizer keep the copies
+equal.
 """
 
 from __future__ import annotations
@@ -18,39 +20,62 @@ import torch
 from torch import nn
 
 from graphpipe.runtime.comm import Transport
+from graphpipe.runtime.stage_module import StageModule
+from graphpipe.stages.stage_graph import Plan
 
-__all__ = ["SharedGrads"]
+__all__ = ["SharedBucket", "SharedGrads"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SharedBucket:
+    """Shared parameters with the same holders and dtype: one all-reduce."""
+
+    ranks: tuple[int, ...]  # every rank that holds them, sorted
+    dtype: torch.dtype
+    shapes: Mapping[str, tuple[int, ...]]  # by name, sorted
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SharedGrads:
-    """The layout of the shared-gradient buffer and the ranks that reduce it."""
+    """The buckets of every shared parameter of the plan, in the order every holder reduces them."""
 
-    shapes: Mapping[str, tuple[int, ...]]  # every shared parameter of the plan, by name
-    ranks: tuple[int, ...]  # every rank of the plan
+    buckets: tuple[SharedBucket, ...]
 
     @classmethod
-    def of(cls, names: Sequence[str], model: nn.Module, ranks: Sequence[int]) -> SharedGrads:
-        params = dict(model.named_parameters(remove_duplicate=False))
-        return cls(shapes={name: tuple(params[name].shape) for name in sorted(names)}, ranks=tuple(ranks))
+    def of(cls, stages: Sequence[StageModule], plan: Plan) -> SharedGrads:
+        holders: dict[str, set[int]] = {}
+        found: dict[str, nn.Parameter] = {}
+        for stage in stages:
+            params = dict(stage.named_parameters())
+            for name in stage.spec.shared_params:
+                holders.setdefault(name, set()).update(plan.stages[stage.spec.stage_idx].ranks)
+                found[name] = params[name]
+        keys: dict[tuple[tuple[int, ...], str], dict[str, tuple[int, ...]]] = {}
+        for name in sorted(holders):
+            key = (tuple(sorted(holders[name])), str(found[name].dtype))
+            keys.setdefault(key, {})[name] = tuple(found[name].shape)
+        dtypes = {str(param.dtype): param.dtype for param in found.values()}
+        return cls(buckets=tuple(SharedBucket(ranks=ranks, dtype=dtypes[dtype], shapes=shapes)
+                                 for (ranks, dtype), shapes in sorted(keys.items())))
+
+    def groups(self) -> list[tuple[int, ...]]:
+        """The rank groups the buckets reduce over, each once, in reduction order."""
+        return list(dict.fromkeys(bucket.ranks for bucket in self.buckets if len(bucket.ranks) > 1))
 
     def all_reduce(self, held: Mapping[str, nn.Parameter], transport: Transport) -> None:
-        """Sum the gradients of the shared parameters over all ranks; `held` are this rank's copies."""
-        if not self.shapes:
-            return
-        dtype = next((p.dtype for p in held.values()), torch.float32)
-        parts = []
-        for name, shape in self.shapes.items():
-            param = held.get(name)
-            grad = param.grad if param is not None and param.grad is not None else None
-            parts.append((grad if grad is not None else torch.zeros(shape, dtype=dtype, device=transport.device))
-                         .reshape(-1).to(torch.float64))
-        flat = torch.cat(parts)
-        transport.all_reduce_sum_(flat, self.ranks)
-        pos = 0
-        for name, shape in self.shapes.items():
-            count = int(torch.Size(shape).numel())
-            if name in held:
-                param = held[name]
-                param.grad = flat[pos:pos + count].view(shape).to(param.dtype).clone()
-            pos += count
+        """Sum the gradients of this rank's shared parameters over their holders; `held` are this rank's copies."""
+        for bucket in self.buckets:
+            if transport.rank not in bucket.ranks:
+                continue
+            parts = []
+            for name, shape in bucket.shapes.items():
+                grad = held[name].grad
+                parts.append((grad if grad is not None else torch.zeros(shape, dtype=bucket.dtype,
+                                                                          device=transport.device)).reshape(-1))
+            flat = torch.cat(parts)
+            transport.all_reduce_sum_(flat, bucket.ranks)
+            pos = 0
+            for name, shape in bucket.shapes.items():
+                count = int(torch.Size(shape).numel())
+                held[name].grad = flat[pos:pos + count].view(shape).clone()
+                pos += count

@@ -29,7 +29,7 @@ from graphpipe.graph.tracer import trace_module
 from graphpipe.meta_weights import has_meta_tensors
 from graphpipe.runtime.batch_norm import prepare_batch_norm
 from graphpipe.runtime.checkpoint import load_stage, save_stage
-from graphpipe.runtime.comm import DistTransport, Transport
+from graphpipe.runtime.comm import CHANNELS, DistTransport, Transport
 from graphpipe.runtime.eval_outputs import assemble_outputs
 from graphpipe.runtime.executor import LossFn, StageExecutor, rows_of
 from graphpipe.runtime.gather_state import gather_state, held_tensors, in_model_order
@@ -69,6 +69,9 @@ class PipelineTrainer:
     `step` given k times the plan's mini-batch accumulates the gradients of its k mini-batches into one optimizer
     step (one device's step on all of them); `evaluate` runs the forwards alone, in eval mode;
     `consolidated_state_dict()` gives every rank the whole model's `state_dict`.
+    A data-parallel stage sums its gradients in buckets launched during the last backward
+    (`graphpipe.runtime.grad_buckets`; `overlap_grad_reduce=False`: all of them after it; off with
+    `batch_norm="sync"`, whose collectives share the stage's group inside the backward).
     `close()` (or `with PipelineTrainer(...) as trainer:`) ends training cleanly; see there. A plan that records
     its graph (`Plan.graph_fingerprint`) is checked against this rank's capture, op for op; a plan captured at
     one sample (`export-static`) runs each share sample by sample (`graphpipe.runtime.per_sample`).
@@ -83,7 +86,8 @@ class PipelineTrainer:
                  transport: Transport | None = None, rank: int | None = None,
                  autocast: torch.dtype | None = None, batch_norm: str = "micro",
                  weights: str | os.PathLike[str] | None = None, init_seed: int = 0,
-                 clip_grad_norm: float | None = None, lr_scheduler: SchedulerFactory | None = None) -> None:
+                 clip_grad_norm: float | None = None, lr_scheduler: SchedulerFactory | None = None,
+                 overlap_grad_reduce: bool = True) -> None:
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise TrainingError(f"clip_grad_norm must be above 0 (the largest gradient norm kept), "
                                 f"got {clip_grad_norm}")
@@ -128,10 +132,12 @@ class PipelineTrainer:
         # a checkpoint stores each shared parameter once, in the file of the first stage that holds it
         self.shared_owner = {name: min(stage.spec.stage_idx for stage in stages if name in stage.spec.shared_params)
                              for name in shared_names}
-        shared = SharedGrads.of(sorted(shared_names), traced, range(plan.world_size)) if shared_names else None
+        shared = SharedGrads.of(stages, plan) if shared_names else None
+        if shared is not None and isinstance(transport, DistTransport):
+            transport.add_groups(shared.groups(), among=self.rank)
         self.executor = StageExecutor(plan=plan, stage=self.stage, rank=rank, transport=transport,
                                       loss_fn=loss_fn, params=params, on_step=self._optimizer_step, autocast=autocast,
-                                      shared=shared)
+                                      shared=shared, overlap_grad_reduce=overlap_grad_reduce and batch_norm != "sync")
 
     def _materialize(self, model: nn.Module, traced: nn.Module, weights: str | os.PathLike[str] | None,
                      seed: int) -> None:
@@ -165,9 +171,11 @@ class PipelineTrainer:
         # during interpreter teardown (SIGABRT); close() destroys this group, which ends its threads.
         if working not in groups and (world > self.plan.world_size or dist.get_backend() == "gloo"):
             groups[working] = dist.new_group(list(working))  # the same branch on every rank: same order
+        # NCCL: a communicator per p2p channel (activations, gradients), apart from the collectives' (comm.py)
+        p2p_groups = [dist.new_group(list(range(world))) for _ in CHANNELS] if dist.get_backend() == "nccl" else []
         self._owns_groups = True
         dist.barrier()  # NCCL: the first batched point-to-point call must not be the group's first call
-        return DistTransport(device=self.device, groups=groups), dist.get_rank()
+        return DistTransport(device=self.device, groups=groups, p2p_groups=p2p_groups), dist.get_rank()
 
     # ---- training ----------------------------------------------------------------------------
     def step(self, inputs: Any, targets: Any) -> float:
@@ -406,13 +414,22 @@ def _make_schedule(plan: Plan, schedule: str | Schedule) -> Schedule:
 
 
 def _default_device() -> torch.device:
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    """NCCL: the rank's own GPU, `LOCAL_RANK` (set by torchrun) where given, made current, so a script that
+    forgot `torch.cuda.set_device` does not put every rank on cuda:0; gloo: the CPU."""
+    if not (dist.is_initialized() and dist.get_backend() == "nccl"):
+        return torch.device("cpu")
+    local = os.environ.get("LOCAL_RANK")
+    device = torch.device("cuda", int(local) if local is not None else torch.cuda.current_device())
+    torch.cuda.set_device(device)
+    return device
 
 
 def _to(value: Any, device: torch.device) -> Any:
+    """`value`'s tensors on `device`; host tensors go to a GPU from pinned memory without blocking the host (the
+    copy is ordered before the kernels that read it on the same stream)."""
     if isinstance(value, torch.Tensor):
+        if device.type == "cuda" and value.device.type == "cpu":
+            return value.pin_memory().to(device, non_blocking=True)
         return value.to(device)
     if isinstance(value, (tuple, list)):
         return type(value)(_to(item, device) for item in value)

@@ -81,3 +81,36 @@ def test_a_checkpoint_stores_a_tied_weight_once_and_resumes_like_uninterrupted(t
     second = steps(fresh, batches[2:])
     expected, _ = reference(SCENARIOS["tied_towers3"], 4)
     assert first + second == pytest.approx(expected, rel=1e-5)  # float32 model: summation order
+
+
+def test_a_tied_head_is_reduced_over_its_holders_alone_in_its_own_dtype() -> None:
+    """An embedding tied to the head two stages later: one bucket over ranks 0 and 2 in float32 (the middle
+    rank takes no part, and nothing is widened to float64); training equals one device in float64."""
+    from graphpipe.runtime.shared_grads import SharedGrads
+    from tests.runtime.helpers import by_target
+    from tests.runtime.test_accumulate_and_gather import TiedHead
+
+    torch.manual_seed(0)
+    plan = plan_from(TiedHead(), by_target([("embed", 0), ("body", 1), ("head", 2)]), [(0,), (1,), (2,)],
+                     micro_batch_size=2, global_batch_size=8)
+    shared = SharedGrads.of(split_stages(trace_module(TiedHead()), plan), plan)
+    assert [(bucket.ranks, bucket.dtype, list(bucket.shapes)) for bucket in shared.buckets] == [
+        ((0, 2), torch.float32, ["embed.weight"])]
+    model = TiedHead().double()
+    hub = InMemoryHub(plan.world_size, timeout_s=15)
+    trainers = [PipelineTrainer(copy.deepcopy(model), plan, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+                                loss_fn=nn.functional.mse_loss, transport=hub.transport(rank), rank=rank)
+                for rank in range(plan.world_size)]
+    gen = torch.Generator().manual_seed(3)
+    batches = [(torch.randint(0, 30, (8, 4), generator=gen), torch.randn(8, 30, generator=gen, dtype=torch.float64))
+               for _ in range(2)]
+    run_threads(plan.world_size, lambda rank: [trainers[rank].step(x, y) for x, y in batches])
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for x, y in batches:
+        optimizer.zero_grad()
+        nn.functional.mse_loss(reference(x), y).backward()
+        optimizer.step()
+    for rank in (0, 2):
+        got = dict(trainers[rank].named_parameters())["embed.weight"]
+        assert max_relative_error(got.detach(), reference.embed.weight.detach()) < 1e-10

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from typing_extensions import Self
 
+from graphpipe.atomic_file import write_atomic
 from graphpipe.errors import GraphPipeError, InputFileError
 
 # The command that writes each file type, for the hint in a load error.
@@ -24,18 +24,14 @@ _MADE_BY = {"Plan": "graphpipe plan -o plan.json", "CostTable": "graphpipe profi
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
-    """Write JSON to a temporary file beside `path`, then rename: no half-written file on failure."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
+    """Write JSON whole or not at all (`graphpipe.atomic_file`)."""
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as handle:
             json.dump(data, handle, indent=1)
             handle.write("\n")
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    write_atomic(path, write)
 
 
 def read_json_object(path: str | os.PathLike[str], kind: str = "JSON", made_by: str = "") -> dict[str, Any]:

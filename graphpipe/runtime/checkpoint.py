@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from graphpipe.atomic_file import write_atomic
 from graphpipe.errors import GraphPipeError, TrainingError
 from graphpipe.serde import read_json_object, write_json_atomic
 
@@ -182,12 +182,7 @@ def latest_complete(checkpoint_dir: str | os.PathLike[str]) -> Path | None:
 
 def complete_steps(checkpoint_dir: str | os.PathLike[str]) -> list[Path]:
     """The `step_N` directories with a `complete` marker under `checkpoint_dir`, newest (highest N) first."""
-    root = Path(checkpoint_dir)
-    if not root.is_dir():
-        return []
-    steps = [(int(p.name.split("_")[1]), p) for p in root.glob("step_*")
-             if p.name.split("_")[1].isdigit() and (p / COMPLETE).exists()]
-    return [path for _, path in sorted(steps, reverse=True)]
+    return [path for path in _step_dirs(checkpoint_dir) if (path / COMPLETE).exists()]
 
 
 def latest_intact(checkpoint_dir: str | os.PathLike[str]) -> tuple[Path | None, list[str]]:
@@ -195,7 +190,10 @@ def latest_intact(checkpoint_dir: str | os.PathLike[str]) -> tuple[Path | None, 
     that does not ("step_5 is damaged (stage_2.pt: 1234 of 5678 bytes)"). Decided from the files alone,
     so every rank that calls it picks the same step."""
     damaged: list[str] = []
-    for path in complete_steps(checkpoint_dir):
+    for path in _step_dirs(checkpoint_dir):
+        if not (path / COMPLETE).exists():
+            damaged.append(f"{path.name} has no {COMPLETE} marker (its save was cut short)")
+            continue
         try:
             problem = checkpoint_damage(path, read_complete(path))
         except GraphPipeError as err:
@@ -204,6 +202,15 @@ def latest_intact(checkpoint_dir: str | os.PathLike[str]) -> tuple[Path | None, 
             return path, damaged
         damaged.append(f"{path.name} is damaged ({problem})")
     return None, damaged
+
+
+def _step_dirs(checkpoint_dir: str | os.PathLike[str]) -> list[Path]:
+    """Every `step_N` directory under `checkpoint_dir`, complete or not, newest (highest N) first."""
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        return []
+    steps = [(int(p.name.split("_")[1]), p) for p in root.glob("step_*") if p.name.split("_")[1].isdigit()]
+    return [path for _, path in sorted(steps, reverse=True)]
 
 
 def _sha256_all(paths: Iterable[Path]) -> list[str]:
@@ -223,11 +230,4 @@ def _sha256(path: Path) -> str:
 
 
 def torch_save_atomic(obj: Any, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, lambda tmp: torch.save(obj, tmp))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Protocol
@@ -184,6 +185,7 @@ class InMemoryHub:
         self.world_size = world_size
         self.timeout_s = timeout_s
         self._queues: dict[tuple[int, int, int], queue.Queue[torch.Tensor]] = {}
+        self._last_activity = time.monotonic()  # the last send between any two ranks
         self._lock = threading.Lock()
 
     def transport(self, rank: int, device: torch.device | None = None) -> InMemoryTransport:
@@ -195,13 +197,19 @@ class InMemoryHub:
 
     def put(self, src: int, dst: int, tensor: torch.Tensor, channel: int = ACTIVATIONS) -> None:
         self._queue(src, dst, channel).put(tensor)
+        self._last_activity = time.monotonic()
 
     def get(self, src: int, dst: int, channel: int = ACTIVATIONS) -> torch.Tensor:
-        try:
-            return self._queue(src, dst, channel).get(timeout=self.timeout_s)
-        except queue.Empty:
-            raise TrainingError(f"rank {dst}: nothing from rank {src} within {self.timeout_s:.0f} s "
-                                "(deadlock or dead peer)") from None
+        """The next tensor from `src`; fails only once no rank of the hub has sent anything for `timeout_s`
+        (a deadlock or a dead peer), however slowly a loaded machine runs them."""
+        box = self._queue(src, dst, channel)
+        while True:
+            try:
+                return box.get(timeout=min(1.0, self.timeout_s))
+            except queue.Empty:
+                if time.monotonic() - self._last_activity > self.timeout_s:
+                    raise TrainingError(f"rank {dst}: nothing from rank {src}, and no message between any ranks, "
+                                        f"for {self.timeout_s:.0f} s (deadlock or dead peer)") from None
 
 
 class InMemoryTransport:

@@ -5,7 +5,8 @@ Cause" names the first failed rank and its exit code; `launch` passes the output
 and parses that summary (or a rank's own `rank R: error:` line) into a `LaunchResult`.
 torchrun runs in a session of its own and its ranks in theirs, so the launcher owns their
 end: on SIGINT, SIGTERM or SIGHUP it stops torchrun and every process under it (SIGTERM,
-then SIGKILL after a grace period) and raises `Stopped`.
+then SIGKILL after a grace period) and raises `Stopped`; a signal the caller ignores (nohup's SIGHUP)
+stays ignored, and torchrun and the ranks, in sessions of their own, never see a terminal's hangup.
 """
 
 from __future__ import annotations
@@ -107,7 +108,9 @@ class _StopSignals:
 
     def __enter__(self) -> _StopSignals:
         if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
-            self._previous = {sig: signal.signal(sig, self._handle) for sig in _STOP_SIGNALS}
+            # a signal the caller ignores stays ignored: `nohup graphpipe train ... &` survives the logout
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in _STOP_SIGNALS
+                              if signal.getsignal(sig) is not signal.SIG_IGN}
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -29,6 +29,7 @@ from graphpipe.runtime.lr_schedule import lr_factor
 from graphpipe.runtime.materialize import materialize
 from graphpipe.stages.stage_graph import Plan
 from graphpipe.train import shuffled_batch
+from tests.waiting import run_watched
 
 pytestmark = pytest.mark.dist
 FACTORIES = Path(__file__).with_name("cli_factories.py")
@@ -48,8 +49,7 @@ IDS = [f"{name}-{devices}{''.join(plan[1:])}{''.join(train[1:])}" for name, devi
 
 def _graphpipe(*argv: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "graphpipe.cli.main", *argv], capture_output=True, text=True,
-                          timeout=280, env=env)
+    return run_watched([sys.executable, "-m", "graphpipe.cli.main", *argv], env=env)
 
 
 

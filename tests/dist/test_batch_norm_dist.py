@@ -35,7 +35,7 @@ def train_sync(rank: int) -> dict[str, Any]:
 
 
 def test_sync_batch_norm_on_gloo_equals_micro_batch_reference() -> None:
-    per_rank = run_world(3, [("sync", train_sync, ())], timeout_s=60)["sync"]
+    per_rank = run_world(3, [("sync", train_sync, ())])["sync"]
     want_losses, want_params, want_buffers = reference(make_model(), make_batches(NUM_STEPS), MICRO)
     assert per_rank[0]["losses"] == pytest.approx(want_losses, rel=TOL)
     want = {**want_params, **want_buffers}

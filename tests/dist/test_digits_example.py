@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.waiting import run_watched
 
 pytestmark = pytest.mark.dist
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +29,7 @@ def _readme_commands() -> list[list[str]]:
 def _run(command: list[str], cwd: Path) -> str:
     program = {"graphpipe": [sys.executable, "-m", "graphpipe.cli.main"], "python": [sys.executable]}[command[0]]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    done = subprocess.run([*program, *command[1:]], cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+    done = run_watched([*program, *command[1:]], cwd=cwd, env=env)
     assert done.returncode == 0, f"{shlex.join(command)}:\n{(done.stdout + done.stderr)[-3000:]}"
     return done.stdout
 

@@ -17,6 +17,7 @@ from graphpipe.models import load_model
 from graphpipe.runtime.checkpoint import latest_complete, read_complete
 from graphpipe.train import KILL_ENV, shuffled_batch
 from tests.runtime.helpers import by_target, plan_from
+from tests.waiting import run_watched
 
 pytestmark = pytest.mark.dist
 LR = 0.01
@@ -39,7 +40,7 @@ def _train(plan: Path, ckpt: Path, *extra: str, env: dict[str, str] | None = Non
     command = [sys.executable, "-m", "graphpipe.cli.main", "train", "--plan", str(plan), "--nproc", str(nproc),
                "--steps", str(NUM_STEPS), "--lr", str(LR), "--checkpoint-dir", str(ckpt), "--save-every", "1",
                "--json", *extra]
-    return subprocess.run(command, capture_output=True, text=True, timeout=240, env={**os.environ, **(env or {})})
+    return run_watched(command, env={**os.environ, **(env or {})})
 
 
 def _reference_losses() -> list[float]:
@@ -97,9 +98,8 @@ def test_weights_from_a_file_and_meta_init_train_like_one_device_from_the_same_s
     materialize(from_seeds.model, seed=0)
     plan = _plan_file(tmp_path)
     for extra, start in ((["--weights", str(path)], from_file), (["--init", "meta"], from_seeds)):
-        done = subprocess.run([sys.executable, "-m", "graphpipe.cli.main", "train", "--plan", str(plan), "--nproc",
-                               "3", "--steps", "2", "--lr", str(LR), "--json", *extra],
-                              capture_output=True, text=True, timeout=240)
+        done = run_watched([sys.executable, "-m", "graphpipe.cli.main", "train", "--plan", str(plan), "--nproc",
+                            "3", "--steps", "2", "--lr", str(LR), "--json", *extra])
         assert done.returncode == 0, done.stderr[-3000:]
         losses = [row["loss"] for row in json.loads(done.stdout)["steps"]]
         assert losses == pytest.approx(_losses_from(start, 2), rel=1e-5), extra
@@ -134,8 +134,7 @@ def test_training_on_data_resumes_with_the_next_unseen_mini_batch_and_equals_one
         command = [sys.executable, "-m", "graphpipe.cli.main", "train", "--model", "toy_chain", "--data", data,
                    "--mini-batch", "8", "--nproc", "2", "--steps", str(steps), "--lr", str(LR), "--checkpoint-dir",
                    str(into), "--json", *extra]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=180,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        done = run_watched(command, env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert done.returncode == 0, done.stderr[-3000:]
         return [row["loss"] for row in json.loads(done.stdout)["steps"]]
 
@@ -165,8 +164,7 @@ def test_accumulating_and_evaluating_from_the_command_line_equal_one_device(tmp_
     command = [sys.executable, "-m", "graphpipe.cli.main", "train", "--model", "toy_chain", "--data",
                f"{factories}:batches", "--eval-data", f"{factories}:dataset", "--mini-batch", "8", "--accumulate", "2",
                "--nproc", "2", "--steps", "2", "--lr", str(LR), "--json"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = run_watched(command, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(done.stdout)["steps"]
     assert "4 samples beyond the last whole mini-batch of 8 are not evaluated" in done.stderr

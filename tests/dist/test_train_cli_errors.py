@@ -18,11 +18,11 @@ import pytest
 from graphpipe.models import load_model
 from graphpipe.runtime.checkpoint import complete_steps
 from tests.runtime.helpers import by_target, plan_from
+from tests.waiting import Progress, descendants, run_watched
 
 pytestmark = pytest.mark.dist
 SAVE_EVERY = 20
-STARTED_S = 120.0  # generous bounds on a loaded machine: torchrun and 3 ranks start, train, save
-ENDED_S = 60.0
+ENDED_S = 120.0  # a run told to stop ends within this (its processes' progress bounds the other waits)
 
 
 def _plan_file(tmp_path: Path) -> Path:
@@ -58,10 +58,10 @@ def _stop_mid_run(tmp_path: Path, sig: signal.Signals) -> tuple[subprocess.Compl
     with open(stderr_path, "w") as stderr:
         proc = subprocess.Popen(_command(plan, ckpt, 1_000_000), stdout=subprocess.PIPE, stderr=stderr, text=True)
     try:
-        deadline = time.monotonic() + STARTED_S
+        progress = Progress(lambda: descendants(proc.pid))
         while len(complete_steps(ckpt)) < 2:
             assert proc.poll() is None, stderr_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, "no two checkpoints saved in time"
+            assert not progress.stalled(), f"no two checkpoints saved ({progress.why()})"
             time.sleep(0.2)
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=ENDED_S)
@@ -75,9 +75,10 @@ def _stop_mid_run(tmp_path: Path, sig: signal.Signals) -> tuple[subprocess.Compl
 
 
 def _workers_gone(plan: Path) -> bool:
-    deadline = time.monotonic() + ENDED_S
+    """Whether the run's workers end while they still make progress (exiting uses CPU; a hung one does not)."""
+    progress = Progress(lambda: _processes_naming(str(plan)), quiet_s=ENDED_S)
     while _processes_naming(str(plan)):
-        if time.monotonic() > deadline:
+        if progress.stalled():
             return False
         time.sleep(0.2)
     return True
@@ -102,8 +103,7 @@ def test_sigterm_stops_every_worker_then_resume_skips_a_damaged_step(tmp_path: P
     size = stage_file.stat().st_size
     stage_file.write_bytes(stage_file.read_bytes()[: size // 2])  # rank 2's file, cut short
     steps = int(newest.name.split("_")[1])
-    resumed = subprocess.run(_command(plan, ckpt, steps, "--resume", "--json"), capture_output=True, text=True,
-                             timeout=240)
+    resumed = run_watched(_command(plan, ckpt, steps, "--resume", "--json"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert (f"graphpipe train: {newest.name} is damaged (stage_2.pt: {size // 2} of {size} bytes); resuming from "
             f"{intact.name}") in resumed.stderr
@@ -117,8 +117,7 @@ def test_a_loss_that_is_not_finite_stops_the_run_and_keeps_the_last_good_checkpo
     ckpt, log = tmp_path / "ckpt", tmp_path / "train.jsonl"
     command = [sys.executable, "-m", "graphpipe.cli.main", "train", "--model", "toy_chain", "--nproc", "2",
                "--steps", "4", "--lr", "1e30", "--checkpoint-dir", str(ckpt), "--save-every", "1", "--log", str(log)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=ENDED_S * 3,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = run_watched(command, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 1, done.stderr[-2000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]  # torchrun's own report is held back (launch.py)
     last = done.stderr.strip().splitlines()[-1]

@@ -14,7 +14,6 @@ import copy
 import json
 import math
 import os
-import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -29,6 +28,7 @@ from graphpipe.errors import TrainingError
 from graphpipe.runtime.comm import InMemoryHub, InMemoryTransport
 from graphpipe.runtime.trainer import PipelineTrainer
 from tests.runtime.helpers import Chain, by_target, plan_from, run_threads
+from tests.waiting import run_watched
 
 pytestmark = pytest.mark.dist
 NPROC = 2
@@ -69,7 +69,7 @@ def test_a_script_that_closes_the_trainer_exits_cleanly_on_every_rank() -> None:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={NPROC}",
                "--max-restarts=0", "--monitor-interval=0.5", "-m", "tests.dist.test_trainer_close"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    done = run_watched(command, cwd=REPO, env=env)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]
     assert "terminate called" not in output and "exitcode" not in output, output[-3000:]
@@ -148,7 +148,7 @@ def test_the_readme_python_section_runs_as_written(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={NPROC}",
                "--max-restarts=0", "--monitor-interval=0.5", str(script)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env)
+    done = run_watched(command, cwd=tmp_path, env=env)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]
     losses = [float((tmp_path / f"loss_{rank}.txt").read_text()) for rank in range(NPROC)]

@@ -114,3 +114,19 @@ def test_the_relay_shows_the_ranks_output_but_not_torchruns_own_failure_report(
     relay.join(timeout=5)
     assert capsys.readouterr().err == ranks
     assert parse_failure(1, relay.tail).message == "rank 0: the loss is a vector"
+
+
+def test_a_signal_the_caller_ignores_stays_ignored_while_supervising() -> None:
+    """`nohup graphpipe train ... &`: nohup ignores SIGHUP, and the launcher must not take it back."""
+    import signal
+
+    from graphpipe.runtime.launch import _StopSignals
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with _StopSignals():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # still supervised
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)

@@ -9,23 +9,34 @@ read at b / d. Communication per micro-batch and device:
 once per outside producer the stage reads and sent once per stage op read outside. The
 planner does not know the placement yet, so point-to-point traffic is costed on the
 inter-node link whenever the cluster has several nodes (the placement then tries to do
-better). The data-parallel ring all-reduce of the stage's gradients happens once per
-iteration; spread over the B samples of the mini-batch:
+better). The data-parallel ring all-reduce of the stage's gradients and its optimizer step
+happen once per iteration; spread over the B samples of the mini-batch, with the device's
+fixed cost of a forward and a backward action per micro-batch (`fwd_ms` and `bwd_ms` include
+them, as the simulator's do):
 
-    TPS = (fwd + bwd + comm) / b + all_reduce / B
+    TPS = (compute + comm + actions) / b + (all_reduce + step) / B      compute = the ops' fwd + bwd
 
-The formulas live in `graphpipe.cost.formulas` (shared with the DP's numpy tables and the simulator);
-this module chooses what they are applied to: the ops, the links before placement, the batch per device.
+The formulas live in `graphpipe.cost.formulas` (the rule: `time_per_sample`, shared with the DP's
+numpy tables, the baselines and the simulator); this module chooses what they are applied to: the ops, the
+links before placement, the batch per device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
+
 from graphpipe.cost.cluster import Cluster, Link
 from graphpipe.cost.cost_table import CostTable
-from graphpipe.cost.formulas.communication import p2p_ms, ring_all_reduce_ms
-from graphpipe.cost.formulas.time_per_sample import time_per_sample_ms
+from graphpipe.cost.formulas.communication import p2p_ms, ring_all_reduce_ms, ring_all_reduce_ms_array
+from graphpipe.cost.formulas.time_per_sample import (
+    action_overheads_ms,
+    iteration_ms_per_sample_array,
+    optimizer_step_ms,
+    optimizer_step_ms_array,
+    time_per_sample_ms,
+)
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.stages.stage_cost import StageCost
 
@@ -48,6 +59,7 @@ class CostModel:
         self.costs = costs
         self.cluster = cluster
         self.global_batch_size = global_batch_size
+        self.device = cluster.device
         self.link = p2p_link(cluster)
         self._by_batch: dict[float, dict[str, tuple[float, float, float]]] = {}
         self._groups: dict[tuple[tuple[str, ...], float], tuple[float, float]] = {}
@@ -99,6 +111,24 @@ class CostModel:
     def all_reduce_ms(self, grad_bytes: float, num_devices: int) -> float:
         return ring_all_reduce_ms(all_reduce_link(self.cluster, num_devices), grad_bytes, num_devices)
 
+    def tps_ms(self, compute_ms: float, comm_ms: float, params: float, num_devices: int,
+               micro_batch_size: int) -> float:
+        """The rule's TPS of a stage from one micro-batch's compute (its ops' fwd + bwd) and p2p time and its
+        weights, on `num_devices` devices."""
+        return time_per_sample_ms(self.device, compute_ms, comm_ms, self.all_reduce_ms(params, num_devices), params,
+                                  micro_batch_size, self.global_batch_size)
+
+    def per_iteration_array(self, params: np.ndarray, num_devices: int,
+                            step_ms: np.ndarray | None = None) -> np.ndarray:
+        """The rule's once-per-iteration term per sample (all-reduce and optimizer step) of stages with weights
+        `params` on `num_devices` devices, for the numpy tables (`step_ms`: the step of `params`, where the caller
+        keeps it for every degree)."""
+        if step_ms is None:
+            step_ms = optimizer_step_ms_array(self.device, params)
+        link = all_reduce_link(self.cluster, num_devices)
+        return iteration_ms_per_sample_array(ring_all_reduce_ms_array(link, params, num_devices), step_ms,
+                                             self.global_batch_size)
+
     def boundary(self, ops: Iterable[str]) -> tuple[int, float]:
         """(messages, bytes per sample) crossing the boundary of an op set, both directions."""
         return self.crossing(*self.boundary_sides(ops))
@@ -141,9 +171,12 @@ class CostModel:
         messages, bytes_per_sample = self.boundary(ops) if boundary is None else boundary
         comm = p2p_ms(self.link, messages, bytes_per_sample * per_device)
         reduce_ms = self.all_reduce_ms(params, num_devices)
-        tps = time_per_sample_ms(fwd + bwd, comm, reduce_ms, micro_batch_size, self.global_batch_size)
-        return StageCost(fwd_ms=fwd, bwd_ms=bwd, comm_ms=comm, all_reduce_ms=reduce_ms, tps_ms=tps,
-                         param_bytes=params, act_bytes=round(act))
+        device = self.device
+        tps = time_per_sample_ms(device, fwd + bwd, comm, reduce_ms, params, micro_batch_size, self.global_batch_size)
+        fwd_extra, bwd_extra = action_overheads_ms(device)
+        return StageCost(fwd_ms=fwd + fwd_extra, bwd_ms=bwd + bwd_extra, comm_ms=comm, all_reduce_ms=reduce_ms,
+                         step_ms=optimizer_step_ms(device, params), tps_ms=tps, param_bytes=params,
+                         act_bytes=round(act))
 
 
 def tied_param_bytes(graph: OpGraph) -> dict[str, int]:

@@ -10,7 +10,8 @@
 - The data-parallel all-reduce is a ring over the stage's ranks on their slowest link
   (`graphpipe.cost.formulas.communication.ring_all_reduce_ms`, the planner's formula).
 - Adam's step streams weights, gradients and both moments (4 reads, 3 writes of the
-  parameter bytes) through device memory, plus the device's fixed `step_overhead_us`.
+  parameter bytes) through device memory, plus the device's fixed `step_overhead_us`
+  (`graphpipe.cost.formulas.time_per_sample.optimizer_step_ms`, the planner's rule).
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from __future__ import annotations
 from collections import defaultdict
 
 from graphpipe.cost.cluster import Cluster
+from graphpipe.cost.formulas import time_per_sample
 from graphpipe.cost.formulas.communication import piece_ms, ring_all_reduce_ms
 from graphpipe.cost.formulas.sample_split import share_blocks
 from graphpipe.stages.stage_cost import StageCost
 from graphpipe.stages.stage_graph import Plan, Stage
 
-ADAM_PASSES = 7  # bytes moved per parameter byte by one Adam step
+ADAM_PASSES = time_per_sample.ADAM_PASSES  # where `benchmarks/runtime` reads it
 
 
 def message_ms(cluster: Cluster, src: Stage, dst: Stage, start: int, stop: int, bytes_per_sample: float,
@@ -61,5 +63,5 @@ def plan_stage_all_reduce_ms(cluster: Cluster, plan: Plan, stage: int, cost: Sta
 
 
 def optimizer_step_ms(cluster: Cluster, param_bytes: int) -> float:
-    device = cluster.device
-    return ADAM_PASSES * param_bytes / (device.mem_bandwidth_gb_per_s * 1e9) * 1e3 + device.step_overhead_us / 1e3
+    """One optimizer step of a stage holding `param_bytes` of weights on the cluster's device."""
+    return time_per_sample.optimizer_step_ms(cluster.device, param_bytes)

@@ -1,10 +1,12 @@
 """The cost of one micro-batch on one rank of a stage: one type for the planner and the simulator.
 
 The planner (`graphpipe.planner.stage_cost.CostModel`) fills the times it optimises: communication,
-the amortised all-reduce and TPS. The simulator (`graphpipe.simulation.stage_cost`) times messages
-and all-reduces itself, on the placed ranks, and fills instead which bytes each all-reduce sums: a
-parameter shared by several stages (`Plan.shared_params`) leaves its stage's data-parallel
-all-reduce and is summed by one all-reduce over the plan's ranks.
+the all-reduce and optimizer step it amortises, and TPS (`graphpipe.cost.formulas.time_per_sample`).
+Both count the device's per-action overheads in `fwd_ms` and `bwd_ms`. The simulator
+(`graphpipe.simulation.stage_cost`) times messages and all-reduces itself, on the placed ranks, and
+fills instead which bytes each all-reduce sums: a parameter shared by several stages
+(`Plan.shared_params`) leaves its stage's data-parallel all-reduce and is summed by one all-reduce
+over the plan's ranks.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class StageCost:
     param_bytes: int  # weights of the stage (each rank holds a full copy), shared copies included
     comm_ms: float = 0.0  # planner: activations and gradients in and out, before placement
     all_reduce_ms: float = 0.0  # planner: the data-parallel gradient all-reduce, once per iteration
+    step_ms: float = 0.0  # planner: the optimizer step, once per iteration
     tps_ms: float = 0.0  # planner: time per sample (`graphpipe.cost.formulas.time_per_sample`)
     local_reduce_bytes: int = -1  # simulator: what the stage's data-parallel all-reduce sums (-1: param_bytes)
     shared_reduce_bytes: int = 0  # simulator: every shared parameter of the plan, reduced by all of its ranks

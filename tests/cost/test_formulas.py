@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graphpipe.cost.cluster import Link
+from graphpipe.cost.cluster import Device, Link
 from graphpipe.cost.formulas.communication import (
     p2p_ms,
     p2p_ms_array,
@@ -25,12 +25,31 @@ from graphpipe.cost.formulas.memory import (
     static_memory_bytes,
 )
 from graphpipe.cost.formulas.sample_split import rank_share, share_blocks, share_size
-from graphpipe.cost.formulas.time_per_sample import time_per_sample_ms, time_per_sample_ms_array
+from graphpipe.cost.formulas.time_per_sample import (
+    ADAM_PASSES,
+    iteration_ms_per_sample,
+    iteration_ms_per_sample_array,
+    optimizer_step_line,
+    optimizer_step_ms,
+    optimizer_step_ms_array,
+    time_per_sample_floor,
+    time_per_sample_ms,
+    time_per_sample_ms_array,
+    time_per_sample_ms_rows,
+)
 
 LINK = Link(name="test", latency_us=5.0, bandwidth_gb_per_s=25.0)
 links = st.builds(Link, name=st.just("random"), latency_us=st.floats(0.0, 100.0),
                   bandwidth_gb_per_s=st.floats(0.1, 1000.0))
 byte_counts = st.floats(0.0, 1e12)
+overheads_us = st.floats(0.0, 5000.0) | st.just(0.0)
+devices_with_overheads = st.builds(Device, name=st.just("random"), peak_tflops=st.just(100.0),
+                                   mem_bandwidth_gb_per_s=st.floats(1.0, 4000.0), memory_bytes=st.just(1 << 34),
+                                   kernel_overhead_us=st.just(0.0), fwd_action_overhead_us=overheads_us,
+                                   bwd_action_overhead_us=overheads_us, step_overhead_us=overheads_us)
+DEVICE = Device(name="test", peak_tflops=100.0, mem_bandwidth_gb_per_s=700.0, memory_bytes=1 << 34,
+                kernel_overhead_us=0.0, fwd_action_overhead_us=250.0, bwd_action_overhead_us=750.0,
+                step_overhead_us=2000.0)
 whole_bytes = st.integers(0, 2**40)
 
 
@@ -74,9 +93,13 @@ def test_a_piece_pays_one_latency_per_tensor() -> None:
     assert piece_ms(LINK, 1e6, num_tensors=0) == piece_ms(LINK, 1e6) == LINK.transfer_ms(1e6)
 
 
-def test_tps_spreads_the_micro_batch_over_b_and_the_all_reduce_over_the_mini_batch() -> None:
-    compute, comm, reduce_ms, b, big_b = 12.0, 3.0, 40.0, 4, 64
-    assert time_per_sample_ms(compute, comm, reduce_ms, b, big_b) == pytest.approx((12 + 3) / 4 + 40 / 64)
+def test_tps_spreads_the_micro_batch_over_b_and_the_all_reduce_and_step_over_the_mini_batch() -> None:
+    """Actions (0.25 + 0.75 ms) per micro-batch; the step streams 7 x the weights and pays its 2 ms once."""
+    compute, comm, reduce_ms, params, b, big_b = 12.0, 3.0, 40.0, 7e9, 4, 64
+    step = ADAM_PASSES * 7e9 / 700e9 * 1e3 + 2.0
+    assert optimizer_step_ms(DEVICE, params) == pytest.approx(72.0)
+    assert time_per_sample_ms(DEVICE, compute, comm, reduce_ms, params, b, big_b) == pytest.approx(
+        (12 + 3 + 1.0) / 4 + (40 + step) / 64)
 
 
 @given(params=whole_bytes, act=st.integers(1, 2**30), limit=whole_bytes, micro_batches=st.integers(1, 64))
@@ -123,18 +146,49 @@ def test_p2p_twin_equals_scalar(link: Link, messages: list[int], num_bytes: list
     assert twin.tolist() == expected
 
 
-@given(compute=st.lists(st.floats(0.0, 1e4), min_size=1, max_size=12),
+@given(device=devices_with_overheads, params=st.lists(whole_bytes, min_size=1, max_size=9))
+def test_step_twin_equals_scalar_and_its_line(device: Device, params: list[int]) -> None:
+    weights = _array(params, (3, 3))
+    twin = optimizer_step_ms_array(device, weights)
+    slope, fixed = optimizer_step_line(device)
+    for value, got in zip(weights.ravel(), twin.ravel()):
+        assert got == optimizer_step_ms(device, value)
+        assert math.isclose(slope * value + fixed, got, rel_tol=1e-12)
+
+
+@given(device=devices_with_overheads, compute=st.lists(st.floats(0.0, 1e4), min_size=1, max_size=12),
        comm=st.lists(st.floats(0.0, 1e4), min_size=1, max_size=12),
        reduce_ms=st.lists(st.floats(0.0, 1e5), min_size=2, max_size=2),
+       params=st.lists(whole_bytes, min_size=1, max_size=3),
        b=st.sampled_from([1, 2, 4, 8, 16]), big_b=st.sampled_from([16, 64, 128]))
-def test_tps_twin_equals_scalar_to_rounding(compute: list[float], comm: list[float], reduce_ms: list[float],
-                                            b: int, big_b: int) -> None:
-    per_micro_batch, comms = _array(compute, (2, 3)), _array(comm, (2, 3))
-    twin = time_per_sample_ms_array(per_micro_batch / b, comms.copy(), reduce_ms, b, big_b)
+def test_tps_twins_equal_scalar_to_the_bit(device: Device, compute: list[float], comm: list[float],
+                                           reduce_ms: list[float], params: list[int], b: int, big_b: int) -> None:
+    """Both twins (by degree rows, as the segment tables call it, and elementwise, as the run, merge and baseline
+    tables do) give the scalar's bits on the same inputs, overheads included."""
+    per_micro_batch, comms, weights = _array(compute, (2, 3)), _array(comm, (2, 3)), _array(params, (3,))
+    step = optimizer_step_ms_array(device, weights)
+    per_iteration = [iteration_ms_per_sample_array(reduce_ms[d], step, big_b) for d in range(2)]
+    rows = time_per_sample_ms_rows(device, per_micro_batch, comms.copy(), per_iteration, b)
     for d in range(2):
+        plane = time_per_sample_ms_array(device, per_micro_batch[d], comms[d].copy(), per_iteration[d], b)
         for j in range(3):
-            scalar = time_per_sample_ms(per_micro_batch[d, j], comms[d, j], reduce_ms[d], b, big_b)
-            assert math.isclose(twin[d, j], scalar, rel_tol=1e-12, abs_tol=1e-300)
+            scalar = time_per_sample_ms(device, per_micro_batch[d, j], comms[d, j], reduce_ms[d], weights[j], b, big_b)
+            assert rows[d, j] == plane[j] == scalar
+            assert per_iteration[d][j] == iteration_ms_per_sample(reduce_ms[d], optimizer_step_ms(device, weights[j]),
+                                                                  big_b)
+
+
+@given(device=devices_with_overheads, link=links, devices=st.integers(1, 64), compute=st.floats(0.0, 1e4),
+       comm=st.floats(0.0, 1e4), params=whole_bytes, b=st.sampled_from([1, 4, 16]), big_b=st.sampled_from([16, 128]))
+def test_tps_floor_is_the_tps_without_its_p2p(device: Device, link: Link, devices: int, compute: float,
+                                              comm: float, params: int, b: int, big_b: int) -> None:
+    """`time_per_sample_floor` (the band's bound) is the rule less its p2p term, up to rounding."""
+    any_fixed, per_byte, weighted_fixed = time_per_sample_floor(device, ring_all_reduce_line(link, devices), b, big_b)
+    floor = compute / b + any_fixed + (per_byte * params + weighted_fixed if params > 0 else 0.0)
+    exact = time_per_sample_ms(device, compute, 0.0, ring_all_reduce_ms(link, params, devices), params, b, big_b)
+    assert math.isclose(floor, exact, rel_tol=1e-9, abs_tol=1e-12)
+    assert floor <= time_per_sample_ms(device, compute, comm, ring_all_reduce_ms(link, params, devices), params, b,
+                                       big_b) * (1 + 1e-9) + 1e-12
 
 
 @settings(max_examples=200)

@@ -1,8 +1,9 @@
 """The optimum of graphpipe's planning space for one micro-batch size: a slow, plain DP (a test oracle).
 
 It shares no code with `graphpipe.planner`: it reads the op graph, the cost table's stored entries
-and the cluster's numbers, re-derives the cost formulas from docs/method.md §2-§3, and takes the
-graph's SP tree from the caller (`random_sp_graphs` builds each graph from its tree).
+and the cluster's numbers, re-derives the communication and memory formulas from docs/method.md §2-§3,
+prices a stage with the one stage-cost rule every pricer calls (`graphpipe.cost.formulas.time_per_sample`),
+and takes the graph's SP tree from the caller (`random_sp_graphs` builds each graph from its tree).
 
 Space. Stage graphs for micro-batch size b on at most N devices, each stage on d devices with d
 dividing b (every device takes b / d whole samples), in the space docs/method.md §4 gives the DP:
@@ -25,7 +26,8 @@ dividing b (every device takes b / d whole samples), in the space docs/method.md
 
 Objective: the smallest bottleneck (largest stage TPS), every stage's memory within the limit.
 
-    TPS(S, d)  = (fwd + bwd + comm) / b + all_reduce / B        (costs read at b / d samples)
+    TPS(S, d)  = (fwd + bwd + comm + actions) / b + (all_reduce + step) / B     (costs read at b / d samples;
+                 actions: the device's per-micro-batch action overheads, step: its optimizer step)
     comm       = 2 (messages · latency + bytes per sample · b / d / bandwidth), messages = producers
                  outside S read inside + ops of S read outside (data edges only: inputs are replicated)
     all_reduce = 2 (d - 1) / d · params / bandwidth + 2 (d - 1) · latency, 0 when d = 1
@@ -72,6 +74,7 @@ import numpy as np
 
 from graphpipe.cost.cluster import Cluster, Link
 from graphpipe.cost.cost_table import CostTable
+from graphpipe.cost.formulas.time_per_sample import time_per_sample_ms
 from graphpipe.graph.op_graph import OpGraph
 from tests.planner.random_sp_graphs import Block, Chain, Leaf
 
@@ -112,7 +115,8 @@ class StageModel:
             comm = _p2p_ms(self._p2p_link(), len(recv) + len(send),
                            sum(self.out_per_sample[op] for op in recv | send) * share)
             params = sum(self.params[op] for op in ops)
-            tps = (compute + comm) / self.b + self._all_reduce_ms(params, d) / self.big_b
+            tps = time_per_sample_ms(self.cluster.device, compute, comm, self._all_reduce_ms(params, d), params, self.b,
+                                     self.big_b)
             self._cache[key] = (tps, 4.0 * params, float(sum(row.act_bytes for row in rows)))
         return self._cache[key]
 

@@ -5,7 +5,7 @@ costs a stage by subtracting two states (pipedream, `optimizer/optimizer_graph_h
 `compute_times`, `activation_sizes`, `parameter_sizes`). So do these tables, with graphpipe's cost
 model: fwd + bwd and activations at each per-device batch b / r the DP asks for, and weights. The
 tensors crossing a stage's boundary do not subtract, so they are counted once per pair. TPS and the
-in-flight cap then follow `CostModel.stage_cost` and `graphpipe.cost.formulas`.
+in-flight cap then follow `CostModel.stage_cost`: the rule's twin (`graphpipe.cost.formulas.time_per_sample`).
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphpipe.cost.formulas.communication import p2p_ms_array, ring_all_reduce_ms_array
+from graphpipe.cost.formulas.communication import p2p_ms_array
 from graphpipe.cost.formulas.memory import max_in_flight_micro_batches_array
+from graphpipe.cost.formulas.time_per_sample import time_per_sample_ms_array
 from graphpipe.graph.sp import StageUnits
 from graphpipe.planner.baselines.antichains import AntichainDag
-from graphpipe.planner.stage_cost import CostModel, all_reduce_link
+from graphpipe.planner.stage_cost import CostModel
 
 WORD = 64
 
@@ -153,9 +154,8 @@ def stage_costs(sums: StateSums, pairs: StagePairs, size: int, degree: int, memo
     compute, act = sums.at(per_device)
     params = sums.params[pairs.uppers] - sums.params[pairs.lowers]
     comm = p2p_ms_array(model.link, pairs.messages, pairs.bytes_per_sample * per_device)
-    reduce_ms = ring_all_reduce_ms_array(all_reduce_link(model.cluster, degree), params, degree)
-    tps = (compute[pairs.uppers] - compute[pairs.lowers] + comm) / size
-    tps += np.asarray(reduce_ms) / model.global_batch_size
+    tps = time_per_sample_ms_array(model.device, compute[pairs.uppers] - compute[pairs.lowers], comm,
+                                   model.per_iteration_array(params, degree), size)
     acts = np.round(act[pairs.uppers] - act[pairs.lowers])
     cap = max_in_flight_micro_batches_array(params, acts, memory_limit, model.global_batch_size // size, max_stages)
     return StageCosts(tps_ms=tps, in_flight_cap=cap.astype(np.int16))

@@ -4,8 +4,8 @@ A stage is J \\ I. Compute, activations and weights are sums over its units, so 
 total and a stage costs total(J) - total(I), read for every I in one numpy operation. The tensors
 crossing the stage's boundary are not additive; they come from the bitsets: with I ⊂ J both
 downsets, a stage receives tensor t (made in unit u_t) when u_t is in I and a reader of t lies in
-J \\ I, and sends it when u_t is in J \\ I and a reader lies outside J (`Boundary`). The formulas
-are those of `graphpipe.planner.stage_cost.CostModel.stage_cost` (`graphpipe.cost.formulas`), so a
+J \\ I, and sends it when u_t is in J \\ I and a reader lies outside J (`Boundary`). The TPS is
+the rule's twin (`graphpipe.cost.formulas.time_per_sample`), as `CostModel.stage_cost` prices it, so a
 stage costs what the plan will cost, up to the rounding of the sums.
 """
 
@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphpipe.cost.formulas.communication import p2p_ms_array, ring_all_reduce_ms_array
+from graphpipe.cost.formulas.communication import p2p_ms_array
 from graphpipe.cost.formulas.memory import max_in_flight_micro_batches_array
+from graphpipe.cost.formulas.time_per_sample import time_per_sample_ms_array
 from graphpipe.planner.baselines.downsets import WORD, Downsets, num_words
 from graphpipe.planner.request import PlanRequest
-from graphpipe.planner.stage_cost import all_reduce_link
 
 
 @dataclass(frozen=True)
@@ -134,8 +134,8 @@ class StageTables:
         params = self.params[uppers] - self.params[lowers]
         act = np.round(self.act[degree][uppers] - self.act[degree][lowers])
         comm = p2p_ms_array(model.link, pairs.messages, pairs.bytes_per_sample * per_device)
-        reduce_ms = ring_all_reduce_ms_array(all_reduce_link(request.cluster, degree), params, degree)
-        tps = (compute + comm) / self.size + np.divide(reduce_ms, request.global_batch_size)
+        tps = time_per_sample_ms_array(model.device, compute, comm, model.per_iteration_array(params, degree),
+                                       self.size)
         k_max = max_in_flight_micro_batches_array(params, act, request.memory_limit, self.num_micro_batches,
                                                   max_in_flight)
         return tps, k_max

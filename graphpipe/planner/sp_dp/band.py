@@ -1,11 +1,11 @@
 """A chain's segments within a TPS target as a band: their fewest degrees and the least staging over them,
 without the chain's whole segment table.
 
-A segment's TPS is at least its compute per sample plus its all-reduce per sample (the p2p term adds to
-them), and both only grow with the stop, so from each start only the stops up to the last where they are
-within the target on a degree can meet it on that degree: W_d stops per start on degree d, far fewer than
-the chain's length on a long chain and a tight target (a long segment meets a target only on many devices,
-and on many its weights' all-reduce is long). `Band` evaluates the segment table's formulas
+A segment's TPS is at least the rule's TPS without its p2p term (`time_per_sample_floor`: compute, actions,
+all-reduce and optimizer step), which only grows with the stop, so from each start only the stops up to the
+last where they are within the target on a degree can meet it on that degree: W_d stops per start on degree d,
+far fewer than the chain's length on a long chain and a tight target (a long segment meets a target only on
+many devices, and on many its weights' all-reduce is long). `Band` evaluates the segment table's formulas
 (`SizeTables.segment_costs`, shared with the table) on each degree's band only, so every number is the
 table's;
 `least_staging_in_band` is the least staging over those segments (the others meet nothing), which
@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphpipe.cost.formulas.communication import ring_all_reduce_line, ring_all_reduce_ms_array
+from graphpipe.cost.formulas.communication import ring_all_reduce_line
+from graphpipe.cost.formulas.time_per_sample import optimizer_step_ms_array, time_per_sample_floor
 from graphpipe.planner.sp_dp.blocks import BIG
 from graphpipe.planner.sp_dp.merge_tails import block_steps, held_floors
 from graphpipe.planner.sp_dp.size_tables import SegmentOffers, SizeTables, dominance_cap, fewest_degree
@@ -35,8 +36,8 @@ PASS_CELLS = 4000  # numpy's fixed work in one pass of `Band`'s evaluation, in c
 
 def band_widths(tables: SizeTables, info: ChainInfo, target_ms: float) -> list[int]:
     """Per degree, the stops per start that may hold a segment within `target_ms` on it: the most, over starts, up
-    to the last stop whose compute per sample plus all-reduce per sample on that degree is within it (with a
-    margin; the chain's length for no target). Both only grow with the stop, so each start's stops within are a
+    to the last stop whose TPS without its p2p term on that degree is within it (with a margin; the chain's
+    length for no target). Both only grow with the stop, so each start's stops within are a
     prefix, found by binary searches on prefix sums (`_reach`). Wider degrees reach further on compute, less far
     on the all-reduce: a long segment needs many devices, and its weights' all-reduce grows with them."""
     size = info.num_items + 1
@@ -45,21 +46,23 @@ def band_widths(tables: SizeTables, info: ChainInfo, target_ms: float) -> list[i
 
 
 def _reach(tables: SizeTables, info: ChainInfo, target_ms: float, d1: int) -> np.ndarray:
-    """Per start i, the first stop j whose segment [i, j) is beyond `target_ms` on d1 devices by its compute per
-    sample (times[j] - times[i]) / b plus its all-reduce per sample, a line in its weights P[j] - P[i] where they are
-    positive (`ring_all_reduce_line`) and nothing where they are none: a stop with no new weights is beyond only by
-    its compute, past those by key[j] = times[j] / b + slope x P[j] against key[i] + target - fixed, both
+    """Per start i, the first stop j whose segment [i, j) is beyond `target_ms` on d1 devices by the rule's TPS
+    without its p2p term (`time_per_sample_floor`): its compute per sample (times[j] - times[i]) / b, the fixed
+    terms of any stage, and a line in its weights P[j] - P[i] (all-reduce and step), with the all-reduce's fixed term
+    where they are positive (`ring_all_reduce_line`): a stop with no new weights is beyond only by its compute and
+    the fixed terms, past those by key[j] = times[j] / b + slope x P[j] against key[i] + target - fixed, both
     non-decreasing in j. The TPS adds the p2p time to these, so no segment from there on meets the target."""
-    b = tables.micro_batch_size
+    b, model = tables.micro_batch_size, tables.model
     times = info.prefix_arrays(b / d1)[0]
-    computed = np.searchsorted(times, times + target_ms * b * (1 + MARGIN) + MARGIN * abs(float(times[-1])),
-                               side="right")
-    slope, fixed = ring_all_reduce_line(all_reduce_link(tables.model.cluster, d1), d1)
-    if slope == 0.0 and fixed == 0.0:
+    any_fixed, slope, weighted_fixed = time_per_sample_floor(
+        model.device, ring_all_reduce_line(all_reduce_link(model.cluster, d1), d1), b, tables.global_batch_size)
+    room = target_ms * (1 + MARGIN) - any_fixed
+    computed = np.searchsorted(times, times + room * b + MARGIN * abs(float(times[-1])), side="right")
+    if slope == 0.0 and weighted_fixed == 0.0:
         return computed
     weights = info.param_array
-    key = times / b + weights * (slope / tables.global_batch_size)
-    limit = key + (target_ms * (1 + MARGIN) - fixed / tables.global_batch_size) + MARGIN * abs(float(key[-1]))
+    key = times / b + weights * slope
+    limit = key + (room - weighted_fixed) + MARGIN * abs(float(key[-1]))
     reduced = np.searchsorted(key, limit, side="right")  # the first stop beyond, counting the all-reduce
     unweighted = np.searchsorted(weights, weights, side="right")  # the first stop with new weights
     return np.where(reduced > unweighted, reduced, np.minimum(computed, unweighted))
@@ -130,11 +133,11 @@ class Band:
         params = info.param_array[stops] - info.param_array[starts]  # `ChainConstants`' numbers, on the band only
         prefixes = [info.prefix_arrays(b / d1) for d1 in degrees]
         compute = np.stack([times[stops] - times[starts] for times, _ in prefixes])
-        compute /= b
-        reduce_ms = [ring_all_reduce_ms_array(all_reduce_link(tables.model.cluster, d1), params, d1) for d1 in degrees]
+        step = optimizer_step_ms_array(tables.model.device, params)
+        per_iteration = [tables.model.per_iteration_array(params, d1, step) for d1 in degrees]
         acts = np.stack([acts[stops] - acts[starts] for _, acts in prefixes])
         tps, k_max, fits = tables.segment_costs(compute, messages[starts, stops], num_bytes[starts, stops], params,
-                                                reduce_ms, acts, inside, degrees)
+                                                per_iteration, acts, inside, degrees)
         return BandGroup(first, degrees, width, tps, k_max, fits)
 
     def fewest(self) -> np.ndarray:

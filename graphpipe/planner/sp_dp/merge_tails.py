@@ -42,13 +42,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from graphpipe.cost.formulas.communication import p2p_ms_array, ring_all_reduce_ms_array
+from graphpipe.cost.formulas.communication import p2p_ms_array
 from graphpipe.cost.formulas.memory import OPTIMIZER_STATE_FACTOR, max_in_flight_micro_batches_array
+from graphpipe.cost.formulas.time_per_sample import optimizer_step_ms_array, time_per_sample_ms_array
 from graphpipe.planner.sp_dp.blocks import BIG
 from graphpipe.planner.sp_dp.merge_boundary import merge_boundary
 from graphpipe.planner.sp_dp.size_tables import SizeTables, fewest_within, least_by_degree
 from graphpipe.planner.sp_dp.tables import ChainInfo, ParInfo
-from graphpipe.planner.stage_cost import all_reduce_link
 
 
 class MergeTable:
@@ -105,7 +105,7 @@ class MergeTable:
         return least
 
     def _costs(self, count0: int, count1: int) -> tuple[np.ndarray, np.ndarray]:
-        """(TPS, most in flight) of M per degree and pair, the segment tables' formulas (`size_tables`)."""
+        """(TPS, most in flight) of M per degree and pair, the rule's twins as the segment tables call them."""
         if self._tps.shape[1] < count0 or self._tps.shape[2] < count1:
             count0, count1 = max(count0, self._tps.shape[1]), max(count1, self._tps.shape[2])
             self._tps, self._k_max = self._build(count0, count1)
@@ -123,15 +123,15 @@ class MergeTable:
         params += sum(model.param_bytes[op] for op in self.join_ops)
         shape = (len(tables.degrees), count0, count1)
         tps, k_max = np.empty(shape), np.empty(shape, dtype=np.int64)
+        step = optimizer_step_ms_array(model.device, params)
         for pos, d1 in enumerate(tables.degrees):  # a degree at a time: a long pair of towers makes large planes
             per_device = b / d1
             (times0, acts0), (times1, acts1) = first.prefix_arrays(per_device), second.prefix_arrays(per_device)
             join_ms, join_act = model.group_at(self.join_ops, per_device)
             compute = (times0[-1] - times0[starts0])[:, None] + (times1[-1] - times1[starts1])[None, :] + join_ms
-            plane = compute + p2p_ms_array(model.link, messages, num_bytes * per_device)
-            plane /= b
-            plane += ring_all_reduce_ms_array(all_reduce_link(model.cluster, d1), params, d1) / tables.global_batch_size
-            tps[pos] = plane
+            comm = p2p_ms_array(model.link, messages, num_bytes * per_device)
+            per_iteration = model.per_iteration_array(params, d1, step)
+            tps[pos] = time_per_sample_ms_array(model.device, compute, comm, per_iteration, b)
             acts = (acts0[-1] - acts0[starts0])[:, None] + (acts1[-1] - acts1[starts1])[None, :] + join_act
             k_max[pos] = max_in_flight_micro_batches_array(params, acts, tables.memory_limit,
                                                            tables.num_micro_batches, tables.max_v + 1)

@@ -14,7 +14,7 @@ changes are built once per chain (`ChainConstants`) and shared by all sizes.
 Per segment [i, j) on d1 devices, with b the micro-batch and B the mini-batch, through the numpy twins of
 the formulas in `graphpipe.cost.formulas` (the same numbers as `CostModel.stage_cost`):
 
-    TPS   = (compute + p2p) / b + all_reduce(d1) / B
+    TPS   = (compute + p2p + actions) / b + (all_reduce(d1) + step) / B      (`time_per_sample`, the rule)
     k_max = floor((memory limit - 4 x weights) / activations of one micro-batch on one device)
             (capped at the devices + 1, the most the DP asks for; -1 where the weights alone do not fit)
 """
@@ -28,17 +28,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphpipe.cost.formulas.communication import p2p_ms, p2p_ms_array, ring_all_reduce_ms_array
+from graphpipe.cost.formulas.communication import p2p_ms, p2p_ms_array
 from graphpipe.cost.formulas.memory import (
     OPTIMIZER_STATE_FACTOR,
     UNBOUNDED,
     max_in_flight_micro_batches,
     max_in_flight_micro_batches_array,
 )
-from graphpipe.cost.formulas.time_per_sample import time_per_sample_ms, time_per_sample_ms_array
+from graphpipe.cost.formulas.time_per_sample import (
+    optimizer_step_ms_array,
+    time_per_sample_ms_array,
+    time_per_sample_ms_rows,
+)
 from graphpipe.planner.sp_dp.blocks import BIG, merged_runs
 from graphpipe.planner.sp_dp.tables import ChainInfo, ParInfo
-from graphpipe.planner.stage_cost import CostModel, all_reduce_link
+from graphpipe.planner.stage_cost import CostModel
 
 
 def fewest_degree(meets: np.ndarray, degrees: tuple[int, ...], axis: int) -> np.ndarray:
@@ -127,14 +131,17 @@ class ChainConstants:
         self.params = info.param_array[None, :] - info.param_array[:, None]  # weights of [i, j)
         self.later = np.triu(np.ones(self.params.shape, dtype=bool), 1)  # j > i
         self._model = tables.model
-        self._all_reduce: dict[int, np.ndarray | float] = {}
+        self._step: np.ndarray | None = None
+        self._per_iteration: dict[int, np.ndarray] = {}
 
-    def all_reduce(self, d1: int) -> np.ndarray | float:
-        """Ring all-reduce time of each segment's weights on d1 devices."""
-        hit = self._all_reduce.get(d1)
+    def per_iteration(self, d1: int) -> np.ndarray:
+        """The rule's once-per-iteration term per sample of each segment on d1 devices: its weights' all-reduce and
+        optimizer step over B (`CostModel.per_iteration_array`; the step, the same on every degree, made once)."""
+        hit = self._per_iteration.get(d1)
         if hit is None:
-            link = all_reduce_link(self._model.cluster, d1)
-            hit = self._all_reduce[d1] = ring_all_reduce_ms_array(link, self.params, d1)
+            if self._step is None:
+                self._step = optimizer_step_ms_array(self._model.device, self.params)
+            hit = self._per_iteration[d1] = self._model.per_iteration_array(self.params, d1, self._step)
         return hit
 
 
@@ -253,25 +260,26 @@ class SizeTables:
         times = np.stack([times for times, _ in prefixes])[:, None, :]
         acts = np.stack([acts for _, acts in prefixes])[:, None, :]
         compute = times - times.transpose(0, 2, 1)
-        compute /= b
         messages, num_bytes = info.boundary_matrix()
         tps, k_max, fits = self.segment_costs(compute, messages, num_bytes, fixed.params,
-                                              [fixed.all_reduce(d1) for d1 in self.degrees],
+                                              [fixed.per_iteration(d1) for d1 in self.degrees],
                                               acts - acts.transpose(0, 2, 1), fixed.later)
+        compute /= b
         return compute, tps, k_max, fits
 
     def segment_costs(self, compute: np.ndarray, messages: np.ndarray, num_bytes: np.ndarray, params: np.ndarray,
-                      reduce_ms: Sequence[np.ndarray | float], acts: np.ndarray,
+                      per_iteration: Sequence[np.ndarray], acts: np.ndarray,
                       later: np.ndarray, degrees: Sequence[int] | None = None
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(TPS, most in flight, fits) of segments, degree x start x stop, from their compute per sample, boundary
-        messages and bytes per sample, weights, all-reduce time per degree and activations (`acts`, overwritten),
-        with `later` marking the segments that exist (stops along the last axis, from the first on): the table's
-        formulas, elementwise, for the whole table and for a band of it (`band`), on `degrees` (all by default)."""
+        """(TPS, most in flight, fits) of segments, degree x start x stop, from their compute per micro-batch,
+        boundary messages and bytes per sample, weights, once-per-iteration term per degree
+        (`ChainConstants.per_iteration`) and activations (`acts`, overwritten), with `later` marking the segments
+        that exist (stops along the last axis, from the first on): the table's formulas, elementwise, for the whole
+        table and for a band of it (`band`), on `degrees` (all by default)."""
         b = self.micro_batch_size
         per_device = np.array([b / d1 for d1 in (self.degrees if degrees is None else degrees)])[:, None, None]
         comm = p2p_ms_array(self.model.link, messages, num_bytes * per_device)
-        tps = time_per_sample_ms_array(compute, comm, reduce_ms, b, self.global_batch_size)
+        tps = time_per_sample_ms_rows(self.model.device, compute, comm, per_iteration, b)
         k_max = max_in_flight_micro_batches_array(params, acts, self.memory_limit, self.num_micro_batches, self.max_v)
         fits = np.logical_or.accumulate((k_max < 1) & later, axis=2)  # every shorter segment of the start fits too
         np.logical_not(fits, out=fits)
@@ -334,11 +342,14 @@ class SizeTables:
         fits &= merged_runs(size)
         spare = self.memory_limit - OPTIMIZER_STATE_FACTOR * params
         tps, k_max = np.full((size, size, width), math.inf), np.full((size, size, width), -1, dtype=np.int64)
+        weights = params.astype(float)
+        step = optimizer_step_ms_array(model.device, weights)
         for pos, d1 in enumerate(self.degrees):
             compute, act = totals[:, :, pos, 0], totals[:, :, pos, 1]
             comm = p2p_ms_array(model.link, messages, num_bytes * b / d1)
-            reduce_ms = ring_all_reduce_ms_array(all_reduce_link(model.cluster, d1), params.astype(float), d1)
-            tps[:, :, pos] = np.where(fits, (compute + comm) / b + reduce_ms / self.global_batch_size, math.inf)
+            per_iteration = model.per_iteration_array(weights, d1, step)
+            plane = time_per_sample_ms_array(model.device, compute, comm, per_iteration, b)
+            tps[:, :, pos] = np.where(fits, plane, math.inf)
             with np.errstate(divide="ignore", invalid="ignore"):
                 most = np.floor_divide(spare, act)
             most = np.where(act > 0, np.where(most >= self.num_micro_batches, UNBOUNDED, most), UNBOUNDED)
@@ -365,8 +376,7 @@ class SizeTables:
         if OPTIMIZER_STATE_FACTOR * params > self.memory_limit:
             return []
         b, model = self.micro_batch_size, self.model
-        return [(d1, time_per_sample_ms(compute, p2p_ms(model.link, messages, num_bytes * b / d1),
-                                        model.all_reduce_ms(params, d1), b, self.global_batch_size),
+        return [(d1, model.tps_ms(compute, p2p_ms(model.link, messages, num_bytes * b / d1), params, d1, b),
                  max_in_flight_micro_batches(params, act, self.memory_limit, self.num_micro_batches))
                 for d1, (compute, act) in zip(self.degrees, totals)]
 
@@ -402,20 +412,19 @@ class SizeTables:
     def loose_last(self, info: ChainInfo, stop: int, target_ms: float, held: int) -> np.ndarray:
         """Per start i < `stop`, the fewest degree on which segment [i, stop) is within the target counting only the
         tensors it receives, not those it sends, and holds its weights and `held` micro-batches, BIG where none does:
-        the last stage of a cut prefix (`Probe.cut_floor`). The TPS's terms in the order it adds them, the p2p time
-        from the receiving side of the boundary (`ChainInfo.incoming`), so at most the TPS to the last bit."""
-        compute, _, k_max, fits = self._table(info)
+        the last stage of a cut prefix (`Probe.cut_floor`). The rule's twin on the table's own terms (the compute
+        as `_segment_arrays` subtracts it), the p2p time from the receiving side of the boundary
+        (`ChainInfo.incoming`), so at most the TPS to the last bit."""
+        _, _, k_max, fits = self._table(info)
         fixed = self.constants[info.content]  # built with the table
         messages, num_bytes = info.incoming(stop)
-        b = self.micro_batch_size
+        b, device = self.micro_batch_size, self.model.device
         per_sample = np.empty((len(self.degrees), stop))
-        for pos, (row, d1) in enumerate(zip(per_sample, self.degrees)):
-            row[:] = p2p_ms_array(self.model.link, messages, num_bytes * (b / d1))
-            row /= b
-            row += compute[pos, :stop, stop]
-            reduce_ms = fixed.all_reduce(d1)
-            row += reduce_ms[:stop, stop] / self.global_batch_size if isinstance(reduce_ms, np.ndarray) else \
-                reduce_ms / self.global_batch_size
+        for row, d1 in zip(per_sample, self.degrees):
+            times = info.prefix_arrays(b / d1)[0]
+            comm = p2p_ms_array(self.model.link, messages, num_bytes * (b / d1))
+            row[:] = time_per_sample_ms_array(device, times[stop] - times[:stop], comm,
+                                              fixed.per_iteration(d1)[:stop, stop], b)
         meets = per_sample <= target_ms
         meets &= fits[:, :stop, stop]
         meets &= k_max[:, :stop, stop] >= held

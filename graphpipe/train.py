@@ -228,26 +228,16 @@ def _init_process_group(timeout_s: float) -> torch.device:
 
 def _load_model(args: argparse.Namespace, plan: Plan) -> Any:
     from graphpipe.models import load_model
+    from graphpipe.models.user_factory import parse_model_options
 
     spec = dict(plan.model_spec)
     name = args.model or spec.get("model")
     if not name:
         raise TrainingError("no model: pass --model (the plan does not record which model it was made for)")
-    options = {**dict(spec.get("options") or {}), **_parse_options(args.model_options)}
+    options = {**dict(spec.get("options") or {}), **parse_model_options(args.model_options)}
     args.leaf_modules = args.leaf_modules or list(spec.get("leaf_modules") or ())
     return load_model(name, args.preset or spec.get("preset") or "tiny", batch_size=plan.global_batch_size,
                       device="cpu", seed=args.seed, empty=builds_empty(args), **options)
-
-
-def _parse_options(items: list[str]) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for item in items:
-        key, _, text = item.partition("=")
-        try:
-            options[key] = json.loads(text)
-        except json.JSONDecodeError:
-            options[key] = text
-    return options
 
 
 def _make_trainer(args: argparse.Namespace, plan: Plan, zoo: Any, device: torch.device) -> Any:

@@ -97,16 +97,9 @@ def add_granularity_arg(parser: argparse.ArgumentParser) -> None:
 
 def model_options(args: argparse.Namespace) -> dict[str, Any]:
     """The --set KEY=VALUE pairs, values parsed as JSON where they parse (8, 0.5, true) and text otherwise."""
-    options: dict[str, Any] = {}
-    for item in getattr(args, "model_options", None) or ():
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise ModelLoadError(f"--set {item!r}: write KEY=VALUE, e.g. --set num_branches=8")
-        try:
-            options[key] = json.loads(text)
-        except json.JSONDecodeError:
-            options[key] = text
-    return options
+    from graphpipe.models.user_factory import parse_model_options
+
+    return parse_model_options(getattr(args, "model_options", None) or ())
 
 
 def load_model_from_args(args: argparse.Namespace, device: str | torch.device | None = None,

@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import inspect
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -121,3 +122,18 @@ def _as_zoo_model(result: Any, spec: str) -> ZooModel:
     if not callable(loss_fn):
         raise ModelLoadError(f"the factory {spec} returned a loss_fn that is not callable")
     return ZooModel(model, inputs, targets, loss_fn)
+
+
+def parse_model_options(items: Iterable[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` pairs, values parsed as JSON where they parse (8, 0.5, true) and text otherwise; the
+    same in the launcher, its checks and every rank."""
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ModelLoadError(f"--set {item!r}: write KEY=VALUE, e.g. --set num_branches=8")
+        try:
+            options[key] = json.loads(text)
+        except json.JSONDecodeError:
+            options[key] = text
+    return options

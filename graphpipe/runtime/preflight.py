@@ -9,16 +9,15 @@ run on `meta` tensors (shapes only), and the weights file's header is read, not 
 from __future__ import annotations
 
 import argparse
-import json
-from typing import Any
 
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from graphpipe.errors import ModelLoadError, WeightsError
+from graphpipe.errors import WeightsError
 from graphpipe.model_inputs import as_model_inputs
 from graphpipe.models import ZooModel, load_model
+from graphpipe.models.user_factory import parse_model_options
 from graphpipe.runtime.weights_file import WeightsFile
 from graphpipe.stages.stage_graph import Plan
 
@@ -40,23 +39,9 @@ def _empty_model(args: argparse.Namespace) -> ZooModel | None:
     name = args.model or spec.get("model")
     if not name:
         return None
-    options = {**dict(spec.get("options") or {}), **_options(args.model_options)}
+    options = {**dict(spec.get("options") or {}), **parse_model_options(args.model_options)}
     return load_model(name, args.preset or spec.get("preset") or "tiny", device="cpu", seed=args.seed, empty=True,
                       **options)
-
-
-def _options(items: list[str]) -> dict[str, Any]:
-    """--set KEY=VALUE pairs, values parsed as JSON where they parse (as the ranks parse them)."""
-    options: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise ModelLoadError(f"--set {item!r}: write KEY=VALUE, e.g. --set num_branches=8")
-        try:
-            options[key] = json.loads(text)
-        except json.JSONDecodeError:
-            options[key] = text
-    return options
 
 
 def loss_problem(zoo: ZooModel) -> str | None:

@@ -66,6 +66,9 @@ MODELS: dict[str, dict[str, Any]] = {
 # Model terms of the prediction; the ablation removes one at a time.
 PLANNED = ("graphpipe", "sequential", "graphpipe-best", "sequential-best")
 TERMS = ("measured_op_costs", "shared_cores", "action_overheads", "measured_link", "loss_all_reduce")
+# Here every variant leaves the loss where it is computed (torch pipelining sums none; graphpipe's runners
+# call `step(..., reduce_loss=False)`), so the prediction leaves out the loss's sum over the ranks too.
+RUNTIME_TERMS = tuple(term for term in TERMS if term != "loss_all_reduce")
 
 
 def plan_variants(sizes: list[int], batch: int, micro_batches: int) -> dict[str, tuple[str, list[int]]]:
@@ -138,9 +141,10 @@ def calibrated_device(device: Any, overheads: dict[str, Any]) -> Any:
 
 def predictions(planned: Plan, costs: dict[str, Any], cluster: Any, fitted: Any) -> dict[str, float]:
     """Simulated iteration (s) with every term, without each one in turn, and with none (the ops alone)."""
-    out = {"full": predict(planned, costs, cluster, fitted, TERMS)}
-    for term in TERMS:
-        out[f"without_{term}"] = predict(planned, costs, cluster, fitted, tuple(t for t in TERMS if t != term))
+    out = {"full": predict(planned, costs, cluster, fitted, RUNTIME_TERMS)}
+    for term in RUNTIME_TERMS:
+        out[f"without_{term}"] = predict(planned, costs, cluster, fitted,
+                                         tuple(t for t in RUNTIME_TERMS if t != term))
     out["ops_only"] = predict(planned, costs, cluster, fitted, ())
     return out
 
@@ -252,7 +256,7 @@ def _variants(prepared: dict[str, Any], rank: int) -> tuple[dict[str, Any], dict
         model = load_model(name, "tiny", batch_size=batch, seed=0, **MODELS[name]).model
         trainer = PipelineTrainer(model, plan, optimizer=lambda ps: torch.optim.Adam(ps, lr=1e-4),
                                   loss_fn=zoo.loss_fn, schedule="1f1b")
-        runners[variant] = lambda t=trainer: t.step(inputs, targets)
+        runners[variant] = lambda t=trainer: t.step(inputs, targets, reduce_loss=False)
         trainers[variant] = trainer
     for chain, torch_variant in (("sequential", "torch-pipelining"), ("sequential-best", "torch-pipelining-best")):
         seq = Plan.from_dict(prepared[chain]["plan"])

@@ -19,8 +19,6 @@ from graphpipe.models import ZOO_NAMES, ZooModel, load_model
 from graphpipe.models.user_factory import is_file_spec
 from graphpipe.stages.stage_graph import Plan
 
-USAGE_EXIT = 2  # what argparse exits with on a bad command line; our own usage errors do the same
-
 
 def positive_int(text: str) -> int:
     value = int(text)

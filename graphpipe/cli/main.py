@@ -1,7 +1,8 @@
 """The `graphpipe` command: argument parsing only; each subcommand lives in its own module.
 
 A command module exposes `add_parser(subparsers)`, which registers its sub-parser and
-sets `func(args) -> int` on it.
+sets `func(args) -> int` on it. This module imports nothing heavy at its top (torch loads with the
+command modules, inside `main`), so a Ctrl-C at any moment of the start-up ends in one line.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import importlib
 import signal
 import sys
 
-from graphpipe.cli.common import USAGE_EXIT
 from graphpipe.errors import GraphPipeError, ModelLoadError, UsageError
+
+USAGE_EXIT = 2  # what argparse exits with on a bad command line; our own usage errors do the same
 
 # Errors about what the user gave (the command line, an input file, a model spec that does not load) exit like
 # argparse's: 2. InputFileError and WeightsError are UsageErrors.
@@ -38,20 +40,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
+    name = "graphpipe"
     try:
+        parser = build_parser()  # imports every command module (and torch): a Ctrl-C may land here
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return USAGE_EXIT
+        name = f"graphpipe {args.command}"
         return int(args.func(args) or 0)
     except GraphPipeError as err:
-        print(f"graphpipe {args.command}: error: {err}", file=sys.stderr)
+        print(f"{name}: error: {err}", file=sys.stderr)
         return USAGE_EXIT if isinstance(err, USAGE_ERRORS) else 1
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM/SIGHUP while `train` supervises its workers
         signum = int(getattr(err, "signum", signal.SIGINT))
         how = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
-        print(f"graphpipe {args.command}: {how}", file=sys.stderr)
+        print(f"{name}: {how}", file=sys.stderr)
         return 128 + signum
 
 

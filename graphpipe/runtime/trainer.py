@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
-from typing import Any
+from typing import Any, overload
 
 import torch
 import torch.distributed as dist
@@ -178,9 +178,17 @@ class PipelineTrainer:
         return DistTransport(device=self.device, groups=groups, p2p_groups=p2p_groups), dist.get_rank()
 
     # ---- training ----------------------------------------------------------------------------
-    def step(self, inputs: Any, targets: Any) -> float:
-        """Train on one mini-batch (batch first, every rank passes the same batch); the mean loss
-        (nan on an idle rank, at once)."""
+    @overload
+    def step(self, inputs: Any, targets: Any) -> float: ...
+
+    @overload
+    def step(self, inputs: Any, targets: Any, *, reduce_loss: bool) -> float | None: ...
+
+    def step(self, inputs: Any, targets: Any, *, reduce_loss: bool = True) -> float | None:
+        """Train on one mini-batch (batch first, every rank passes the same batch); the mean loss on every rank
+        (nan on an idle rank, at once). `reduce_loss=False` returns None and skips the loss's sum over the
+        ranks and the host's wait for it: a loop that reads the loss only now and then saves a collective and
+        a device sync per step."""
         if self.closed:
             raise TrainingError(f"rank {self.rank}: step after close(); make a new PipelineTrainer to train again")
         if self.idle:
@@ -194,7 +202,7 @@ class PipelineTrainer:
             actions = self.actions if index == passes - 1 else self._accumulating_actions
             local = local + self.executor.run(actions, *self._pass_batch(data, targets, index))
         self.step_count += 1
-        return self._plan_sum(local)
+        return self._plan_sum(local) if reduce_loss else None
 
     def evaluate(self, inputs: Any, targets: Any, *, return_outputs: bool = False) -> Any:
         """The mean loss of `loss_fn` over a mini-batch (or several: any multiple of the plan's size), run

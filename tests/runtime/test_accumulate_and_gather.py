@@ -131,3 +131,18 @@ def _loaded(scenario: Scenario, state: dict[str, torch.Tensor]) -> nn.Module:
     model = scenario.model().double()
     model.load_state_dict(state)
     return model
+
+
+def test_a_step_without_the_loss_sum_trains_the_same_and_returns_none() -> None:
+    scenario = CASES["dp_sink4"]
+    batches = [(in_float64(inputs), in_float64(targets)) for inputs, targets in scenario.make_batches(STEPS)]
+    model = scenario.model().double()
+    _, expected_model = _one_device(scenario, model, batches)
+    trainers = _trainers(scenario, model, batches[0][0])
+    results = run_threads(len(trainers), lambda rank: [trainers[rank].step(*batch, reduce_loss=False)
+                                                       for batch in batches])
+    assert all(loss is None for losses in results for loss in losses)
+    expected = dict(expected_model.named_parameters())
+    for trainer in trainers:
+        for name, param in trainer.named_parameters():
+            assert torch.allclose(param, expected[name], rtol=1e-10, atol=1e-12), name

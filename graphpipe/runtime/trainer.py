@@ -30,6 +30,7 @@ from graphpipe.meta_weights import has_meta_tensors
 from graphpipe.runtime.batch_norm import prepare_batch_norm
 from graphpipe.runtime.checkpoint import load_stage, save_stage
 from graphpipe.runtime.comm import CHANNELS, DistTransport, Transport
+from graphpipe.runtime.eval_mode import eval_mode
 from graphpipe.runtime.eval_outputs import assemble_outputs
 from graphpipe.runtime.executor import LossFn, StageExecutor, rows_of
 from graphpipe.runtime.gather_state import gather_state, held_tensors, in_model_order
@@ -216,17 +217,13 @@ class PipelineTrainer:
         data, passes = self._named_inputs(inputs)
         self.executor.loss_scale = 1.0 / passes
         local, pieces = torch.zeros((), device=self.device), []
-        was_training = self.stage.module.training
-        self.stage.module.train(False)
-        try:
+        with eval_mode(self.stage.module):
             for index in range(passes):
                 loss, kept = self.executor.run_forward(self.actions, *self._pass_batch(data, targets, index),
                                                        keep_outputs=return_outputs)
                 local = local + loss
                 offset = index * self.plan.global_batch_size
                 pieces += [(start + offset, stop + offset, output) for start, stop, output in kept]
-        finally:
-            self.stage.module.train(was_training)
         loss_value = self._plan_sum(local)
         if not return_outputs:
             return loss_value

@@ -1,7 +1,7 @@
 """Files written whole or not at all, with the permissions any other file of the user's gets.
 
-A file is written to a temporary name beside its target (`.NAME.XXXXXX`), then renamed over it, so a run
-stopped midway leaves the previous file, never half of a new one. The temporary file is made private by
+A file is written to a temporary name beside its target (`.NAME.` and 8 random characters), then renamed over
+it, so a run stopped midway leaves the previous file, never half of a new one. The temporary file is made private by
 `tempfile.mkstemp` (0600); before the rename it gets the mode the user's umask gives a new file (0644 under
 umask 022), as `open` would. A process killed between the two leaves its temporary file: the next write of the
 same target removes what earlier writers left (`leftovers`).

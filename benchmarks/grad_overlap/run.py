@@ -19,7 +19,6 @@ import statistics
 import sys
 import time
 import traceback
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from bench_runtime import spawn_ranks
+from bench_runtime import join_group, spawn_ranks
 
 from graphpipe.graph.tracer import trace_module
 from graphpipe.runtime.trainer import PipelineTrainer
@@ -55,10 +54,8 @@ def data_parallel_plan(net: nn.Module) -> Plan:
 
 
 def _rank_main(rank: int, port: int, rounds: int, iters: int, out: Any) -> None:
-    torch.set_num_threads(1)
     try:
-        store = dist.TCPStore("127.0.0.1", port, WORLD + 1, is_master=False, timeout=timedelta(seconds=120))
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD, timeout=timedelta(seconds=300))
+        join_group(rank, port, WORLD, timeout_s=300)
         net = model()
         plan = data_parallel_plan(net)
         gen = torch.Generator().manual_seed(1)

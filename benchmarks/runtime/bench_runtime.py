@@ -340,12 +340,8 @@ def timed_round(run: Any, iters: int, pids: list[int], rank: int) -> tuple[float
 
 
 def _rank_main(rank: int, port: int, prepared: list[dict[str, Any]], rounds: int, iters: int, out: Any) -> None:
-    torch.set_num_threads(1)
     try:
-        store = dist.TCPStore("127.0.0.1", port, WORLD + 1, is_master=False, timeout=timedelta(seconds=120))
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD, timeout=timedelta(seconds=120))
-        pids: list[Any] = [None] * WORLD
-        dist.all_gather_object(pids, os.getpid())
+        pids = join_group(rank, port, WORLD)
         for item in prepared:
             runners, trainers = _variants(item, rank)
             times: dict[str, list[float]] = {k: [] for k in runners}
@@ -371,6 +367,16 @@ def _rank_main(rank: int, port: int, prepared: list[dict[str, Any]], rounds: int
     except BaseException:
         out.put(("error", rank, traceback.format_exc()))
     out.put(("done", rank, None))
+
+
+def join_group(rank: int, port: int, world: int, timeout_s: float = 120.0) -> list[int]:
+    """Join the gloo group of `spawn_ranks`' store on `port` (one torch thread per rank); every rank's pid."""
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False, timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+    pids: list[Any] = [None] * world
+    dist.all_gather_object(pids, os.getpid())
+    return pids
 
 
 def spawn_ranks(world: int, target: Any, args: tuple[Any, ...], timeout_s: float = 1800) -> list[tuple[Any, ...]]:

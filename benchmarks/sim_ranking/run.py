@@ -30,7 +30,6 @@ import os
 import statistics
 import sys
 import traceback
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ import torch.distributed as dist
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "runtime"))
 
-from bench_runtime import TERMS, calibrated_device, predict, spawn_ranks, timed_round  # noqa: E402
+from bench_runtime import TERMS, calibrated_device, join_group, predict, spawn_ranks, timed_round  # noqa: E402
 from calibrate_host import measure_executor_overheads, measure_link, measure_overheads  # noqa: E402
 
 from graphpipe.stages.stage_graph import Plan  # noqa: E402
@@ -140,12 +139,8 @@ def _runners(item: dict[str, Any]) -> list[Any]:
 
 
 def _rank_main(rank: int, port: int, prepared: list[dict[str, Any]], rounds: int, iters: int, out: Any) -> None:
-    torch.set_num_threads(1)
     try:
-        store = dist.TCPStore("127.0.0.1", port, WORLD + 1, is_master=False, timeout=timedelta(seconds=120))
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD, timeout=timedelta(seconds=120))
-        pids: list[Any] = [None] * WORLD
-        dist.all_gather_object(pids, os.getpid())
+        pids = join_group(rank, port, WORLD)
         for item in prepared:
             runners = _runners(item)
             for run in runners:  # warm-up

@@ -121,6 +121,9 @@ class PipelineTrainer:
         self.batch_norm = prepare_batch_norm(self.stage, batch_norm, transport=transport,
                                              dp_ranks=tuple(self.stage_info.ranks))
         self.actions: tuple[Action, ...] = self.schedule.for_stage(self.stage_info.idx)
+        # a mini-batch whose gradients only add up (all but the last of an accumulating step): no all-reduce, no step
+        self._accumulating_actions = tuple(a for a in self.actions
+                                           if a.kind not in (ActionKind.ALL_REDUCE, ActionKind.STEP))
         if [a.kind for a in self.actions].count(ActionKind.STEP) != 1:
             raise ScheduleError(f"stage {self.stage_info.idx}'s action list must hold exactly one STEP (after AR); "
                                 "regenerate the schedule")
@@ -195,6 +198,7 @@ class PipelineTrainer:
         if self.idle:
             return float("nan")
         data, passes = self._named_inputs(inputs)
+        targets = self._sink_targets(targets)
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
         self.executor.loss_scale = 1.0 / passes
@@ -215,6 +219,7 @@ class PipelineTrainer:
         if self.idle:
             return (float("nan"), None) if return_outputs else float("nan")
         data, passes = self._named_inputs(inputs)
+        targets = self._sink_targets(targets)
         self.executor.loss_scale = 1.0 / passes
         local, pieces = torch.zeros((), device=self.device), []
         with eval_mode(self.stage.module):
@@ -238,17 +243,17 @@ class PipelineTrainer:
         self.transport.all_reduce_sum_(total, tuple(range(self.plan.world_size)))
         return float(total.item())
 
-    @property
-    def _accumulating_actions(self) -> tuple[Action, ...]:
-        """The action list of a mini-batch whose gradients are only added up: no all-reduce, no step."""
-        return tuple(a for a in self.actions if a.kind not in (ActionKind.ALL_REDUCE, ActionKind.STEP))
+    def _sink_targets(self, targets: Any) -> Any:
+        """The targets on this rank's device, moved once a step, where the rank computes the loss (None elsewhere)."""
+        return _to(targets, self.device) if self.stage.spec.is_sink else None
 
     def _pass_batch(self, data: dict[str, Any], targets: Any, index: int) -> tuple[dict[str, Any], Any]:
-        """The inputs and (on the sink) targets of the index-th of the plan's mini-batches in the batch."""
+        """The inputs and (on the sink) targets of the index-th of the plan's mini-batches in the batch (both
+        already on this rank's device)."""
         batch = self.plan.global_batch_size
         rows = (index * batch, (index + 1) * batch)
         inputs = {name: rows_of(value, *rows, self.plan.input_batch_axes.get(name, 0)) for name, value in data.items()}
-        return inputs, rows_of(_to(targets, self.device), *rows) if self.stage.spec.is_sink else None
+        return inputs, rows_of(targets, *rows) if self.stage.spec.is_sink else None
 
     def consolidated_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole trained model's `state_dict`, on the CPU, under the model's own names and in its order (a

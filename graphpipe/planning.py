@@ -9,9 +9,9 @@ simulated so far is not simulated: the winner is the same (`docs/architecture.md
 ranking by simulation every size's plan is searched to full precision (`every_size`), not
 only the sizes that could hold the best TPS.
 `parallel-only` (the ablation) takes the micro-batch size of the sequential plan that the
-same ranking picks. graphpipe's winner then meets its rivals, the `sequential` planner's winner and,
-at op level, its own layer-level winner, and the fastest of them in simulation is kept
-(`_no_slower_than_rivals`): never slower than what it could have chosen itself.
+same ranking picks. graphpipe's winner then meets its rivals, the `sequential` planner's winner, graphpipe
+held to that winner's micro-batch and, at op level, its own layer-level winner, and the fastest of them in
+simulation is kept (`_no_slower_than_rivals`): never slower than what it could have chosen itself.
 """
 
 from __future__ import annotations
@@ -95,23 +95,38 @@ def _no_slower_than_rivals(graph: OpGraph, costs: CostTable, cluster: Cluster, g
     """`best`, or the plan of a rival search if that one simulates faster, with a note saying so. The rivals are
     what graphpipe could have chosen itself: the `sequential` planner's winner under the same options (every
     chain is a stage graph; graphpipe searches chains only under its best graph pipeline's TPS, and TPS is
-    not what the simulation ranks) and, at op level, its own layer-level winner (every layer-level plan is an
-    op-level plan; the op-level search keeps the best TPS per micro-batch size, not the best simulation). So
-    the winner is never slower, in the simulated iteration, than either (`docs/architecture.md`)."""
-    rivals = [("the sequential planner's chain", opts.with_fields(
-        planner="sequential", progress=_labelled(opts.progress, "rival: sequential")))]
+    not what the simulation ranks), graphpipe held to that chain's micro-batch (the `parallel-only` ablation:
+    a one-size search keeps other near-best plans than the search over every size) and, at op level, its own
+    layer-level winner with its own rivals (every layer-level plan is an op-level plan; the op-level search
+    keeps the best TPS per micro-batch size, not the best simulation). So the winner is never slower, in the
+    simulated iteration, than any of them (`docs/architecture.md`)."""
+    chain = _rival(graph, costs, cluster, global_batch_size, opts.with_fields(
+        planner="sequential", progress=_labelled(opts.progress, "rival: sequential")))
+    best = _faster(best, chain, "the sequential planner's chain")
+    if chain is not None:
+        size = chain.stages[0].micro_batch_size
+        held = _rival(graph, costs, cluster, global_batch_size, opts.with_fields(
+            planner="parallel-only", fixed_micro_batch=size,
+            progress=_labelled(opts.progress, "rival: held to the chain's micro-batch")), best.predicted_iteration_s)
+        best = _faster(best, held, f"graphpipe's plan at the chain's micro-batch ({size})")
     if opts.granularity == "op" and layer_blocks(graph):  # without layers, layer level is op level
-        rivals.append(("the layer-level plan", opts.with_fields(
-            granularity="layer", progress=_labelled(opts.progress, "rival: layer level"))))
-    for label, rival_opts in rivals:
-        rival = _rival(graph, costs, cluster, global_batch_size, rival_opts, best.predicted_iteration_s)
-        if rival is not None and rival.predicted_iteration_s < best.predicted_iteration_s:
-            gain = best.predicted_iteration_s / rival.predicted_iteration_s - 1
-            note = (f"kept {label}: it simulates {gain:.1%} faster than the best plan of this search "
-                    f"({rival.predicted_iteration_s * 1e3:.3f} ms against {best.predicted_iteration_s * 1e3:.3f} ms "
-                    "an iteration)")
-            best = dataclasses.replace(rival, notes=(*rival.notes, note))
+        at_layers = opts.with_fields(granularity="layer", progress=_labelled(opts.progress, "rival: layer level"))
+        layer = _rival(graph, costs, cluster, global_batch_size, at_layers)
+        if layer is not None:  # the layer-level winner as `gp.plan` gives it: with its own rivals
+            layer = _no_slower_than_rivals(graph, costs, cluster, global_batch_size, at_layers, layer)
+        best = _faster(best, layer, "the layer-level plan")
     return best
+
+
+def _faster(best: Plan, rival: Plan | None, label: str) -> Plan:
+    """`rival`, with a note naming it, where it simulates faster than `best`; else `best`."""
+    if rival is None or rival.predicted_iteration_s >= best.predicted_iteration_s:
+        return best
+    gain = best.predicted_iteration_s / rival.predicted_iteration_s - 1
+    note = (f"kept {label}: it simulates {gain:.1%} faster than the best plan of this search "
+            f"({rival.predicted_iteration_s * 1e3:.3f} ms against {best.predicted_iteration_s * 1e3:.3f} ms "
+            "an iteration)")
+    return dataclasses.replace(rival, notes=(*rival.notes, note))
 
 
 def _labelled(progress: PlanProgressFn | None, label: str) -> PlanProgressFn | None:
@@ -122,8 +137,9 @@ def _labelled(progress: PlanProgressFn | None, label: str) -> PlanProgressFn | N
 
 
 def _rival(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int, opts: PlanOptions,
-           beat_s: float) -> Plan | None:
-    """The winner under `opts`, if it may beat `beat_s`; None when it cannot or finds no plan."""
+           beat_s: float = math.inf) -> Plan | None:
+    """The winner under `opts`, if it may beat `beat_s`; None when it cannot or finds no plan. The sequential
+    rival is ranked in full (no `beat_s`): its winner's micro-batch names the next rival."""
     search = functools.partial(_plan_at, graph, costs, cluster, global_batch_size, opts)
     try:
         return _auto(graph, search) if opts.granularity == "auto" else search(opts.granularity, beat_s=beat_s)

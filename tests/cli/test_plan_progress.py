@@ -56,9 +56,9 @@ def test_graphpipe_plan_draws_the_planners_phases(monkeypatch: pytest.MonkeyPatc
                                   "--devices", "4", "--batch", "8"]) == 0
     captured = capsys.readouterr()
     own = {"stage graphs", "chains", "ranking"}
-    rivals = {"chains (rival: sequential)", "ranking (rival: sequential)"} | {
-        f"{phase} (rival: layer level)" for phase in own}
-    assert {event.phase for event in drawn} == own | rivals
+    searches = own | {"chains (rival: sequential)", "ranking (rival: sequential)"} | {
+        f"{phase} (rival: held to the chain's micro-batch)" for phase in own}
+    assert {event.phase for event in drawn} == searches | {f"{phase} (rival: layer level)" for phase in searches}
     assert "graphpipe: stage graphs 0/4" in captured.err and "graphpipe: stage graphs" not in captured.out
     assert "in-flight" in captured.out
     assert plan_progress.DELAY_S > 0  # by default a quick plan draws nothing

@@ -55,8 +55,9 @@ def test_every_planner_reports_each_size_then_the_ranking(planner: str, searches
     events: list[PlanProgress] = []
     found = plan(graph, costs, cluster, 8, planner=planner, rank_by=rank_by, progress=events.append)
     ranking = ["ranking"] if rank_by == "simulation" else []
-    rivals = ["chains (rival: sequential)", "ranking (rival: sequential)"] \
-        if planner == "graphpipe" and rank_by == "simulation" else []  # no layers: no layer-level rival
+    held = "(rival: held to the chain's micro-batch)"
+    rivals = ["chains (rival: sequential)", "ranking (rival: sequential)", f"stage graphs {held}", f"chains {held}",
+              f"ranking {held}"] if planner == "graphpipe" and rank_by == "simulation" else []  # no layer rival
     found_runs = runs(events)
     assert [phase for phase, _ in found_runs] == \
         [phase for plan_phases in searches for phase in plan_phases + ranking] + rivals
@@ -78,6 +79,9 @@ def test_auto_says_which_phases_are_the_refinement() -> None:
     assert [phase for phase, _ in found_runs] == ["stage graphs", "ranking", "stage graphs (refined)",
                                                   "ranking (refined)", "chains (rival: sequential)",
                                                   "ranking (rival: sequential)", "chains (refined) (rival: sequential)",
-                                                  "ranking (refined) (rival: sequential)"]
+                                                  "ranking (refined) (rival: sequential)",
+                                                  *[f"{phase} (rival: held to the chain's micro-batch)" for phase in
+                                                    ("stage graphs", "ranking", "stage graphs (refined)",
+                                                     "ranking (refined)")]]
     for _, steps in found_runs:
         check_counts(steps)

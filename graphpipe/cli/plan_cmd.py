@@ -18,6 +18,7 @@ from graphpipe.cli.common import (
     writing,
 )
 from graphpipe.cli.plan_progress import PlanProgressBar
+from graphpipe.cli.recompute_arg import add_recompute_arg, apply_recompute
 from graphpipe.errors import UsageError
 from graphpipe.graph.layers import layer_blocks, layer_unit_count
 from graphpipe.graph.op_graph import OpGraph
@@ -57,6 +58,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--use-all-devices", action="store_true",
                         help="keep only plans that use every device (default: a plan may leave some idle)")
     add_granularity_arg(parser)
+    add_recompute_arg(parser)
     add_planner_limit_args(parser)
     parser.add_argument("-o", "--output", default=None, metavar="PLAN.json", help="write the plan here")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -159,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
         result = plan(graph, costs, cluster, global_batch, planner=args.planner, micro_batch_sizes=sizes,
                       memory_limit=limit, rank_by=args.rank_by, use_all_devices=args.use_all_devices,
                       granularity=args.granularity, cost_source=source, progress=progress, **planner_limits(args))
-    result = dataclasses.replace(result, model_spec=model_spec_from_args(args, source.device))
+    result = dataclasses.replace(apply_recompute(result, args.recompute, costs, cluster),
+                                 model_spec=model_spec_from_args(args, source.device))
     if args.output:
         with writing("-o", args.output):
             result.save(args.output)
@@ -168,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render_plan(result))
         print(f"costs: {source}")
+        if result.recompute_stages:
+            print("recompute: " + ",".join(f"s{idx}" for idx in result.recompute_stages))
         hint = granularity_hint(graph) if args.granularity == "op" else None
         for note in (*result.notes, *([hint] if hint else [])):
             print(f"note: {note}")

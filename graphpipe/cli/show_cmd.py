@@ -15,7 +15,7 @@ from graphpipe.units import format_bytes
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("show", help="draw a plan's stage graph and list its stages",
                                    description="List a plan's stages (ops, ranks, micro-batch, in-flight samples, "
-                                               "neighbours) and draw the stage graph as PNG or SVG.")
+                                               "neighbours, recomputation) and draw the stage graph as PNG or SVG.")
     parser.add_argument("plan", help="plan JSON written by `graphpipe plan -o`")
     parser.add_argument("-o", "--output", default=None, metavar="STAGES.png",
                         help="write the stage graph picture here (.png or .svg)")
@@ -39,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
           f"{plan.world_size} devices, mini-batch {plan.global_batch_size}, schedule {plan.schedule}")
     print(render_cost_source(plan))
     print(render_stages(plan))
+    if plan.recompute_stages:
+        print("recompute: " + ",".join(f"s{idx}" for idx in plan.recompute_stages) + " run their forward again in "
+              "their backward and keep only their inputs per micro-batch in flight")
     if args.schedule:
         from graphpipe.schedule.generate import make_schedule
         from graphpipe.schedule.grid import format_grid
@@ -58,13 +61,16 @@ def render_cost_source(plan: Plan) -> str:
 
 
 def render_stages(plan: Plan) -> str:
+    """One row per stage; a `recompute` column when a stage recomputes its forward in its backward."""
+    recompute = bool(plan.recompute_stages)
     rows: list[tuple[str, ...]] = [("stage", "ranks", "b", "in-flight", "ops", "first … last op", "from", "to",
-                                    "memory")]
+                                    "memory") + (("recompute",) if recompute else ())]
     for stage in plan.stages:
         ops = stage.ops[0] if len(stage.ops) == 1 else f"{stage.ops[0]} … {stage.ops[-1]}"
         rows.append((f"s{stage.idx}", ",".join(map(str, stage.ranks)), str(stage.micro_batch_size),
                      str(stage.in_flight_samples), str(len(stage.ops)), ops,
                      ",".join(f"s{p}" for p in plan.predecessors[stage.idx]) or "-",
                      ",".join(f"s{s}" for s in plan.successors[stage.idx]) or "-",
-                     format_bytes(stage.memory_bytes) if stage.memory_bytes else "-"))
+                     format_bytes(stage.memory_bytes) if stage.memory_bytes else "-")
+                    + (("yes" if stage.recompute else "no",) if recompute else ()))
     return format_table(rows)

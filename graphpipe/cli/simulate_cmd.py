@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from graphpipe.cli.common import check_output_files, positive_int, print_json, writing
+from graphpipe.cli.recompute_arg import add_recompute_arg, apply_recompute
 from graphpipe.cost.cluster import Cluster
 from graphpipe.cost.cost_table import CostTable
 from graphpipe.cost.sources import CostSource
@@ -37,6 +38,10 @@ def add_parser(subparsers: Any) -> None:
     add_cost_args(parser)
     parser.add_argument("--cluster", default=None, help="cluster preset to simulate on (default: the plan's)")
     parser.add_argument("--schedule", choices=SCHEDULE_NAMES, default=None, help="schedule (default: the plan's)")
+    add_recompute_arg(parser, "simulate with these stages recomputing their forward in their backward instead of "
+                              "the plan's choice: all, none, or stages such as s1,s3")
+    parser.add_argument("--write-plan", default=None, metavar="PLAN.json",
+                        help="write the plan with the --recompute choice, its predictions priced again")
     parser.add_argument("--gantt", default=None, metavar="GANTT.png", help="write a Gantt chart of the iteration")
     parser.add_argument("--trace", default=None, metavar="TRACE.json", help="write a Chrome trace (Perfetto)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -59,12 +64,20 @@ def add_cost_args(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from graphpipe.simulation.simulator import simulate
 
-    check_output_files(("--gantt", args.gantt, "gantt.png"), ("--trace", args.trace, "trace.json"))
+    check_output_files(("--gantt", args.gantt, "gantt.png"), ("--trace", args.trace, "trace.json"),
+                       ("--write-plan", args.write_plan, "plan.json"))
+    if args.write_plan and args.recompute is None:
+        raise UsageError("--write-plan writes the plan with another --recompute choice; give --recompute too")
     plan = Plan.load(args.plan)
     costs, source = load_costs(plan, args)
     cluster = Cluster.preset(args.cluster, plan.world_size) if args.cluster else None
+    plan = apply_recompute(plan, args.recompute, costs, cluster)
     result = simulate(plan, costs, cluster, schedule=args.schedule or plan.schedule)
     written = write_pictures(result, args.gantt, args.trace, title=f"{plan.graph_name} · {plan.planner}")
+    if args.write_plan:
+        with writing("--write-plan", args.write_plan):
+            plan.save(args.write_plan)
+        written.append(args.write_plan)
     if args.json:
         print_json({"plan": args.plan, "costs": costs.source, "cost_source": source.to_dict(), **result.summary(),
                     "written": written})
@@ -189,17 +202,25 @@ def render_result(plan: Plan, result: SimResult, source: CostSource) -> str:
         lines.append(f"the planner predicted {plan.predicted_samples_per_s:,.1f} samples/s; the bound without "
                      f"bubbles or communication is {plan.lower_bound_samples_per_s:,.1f} samples/s")
     lines += ["", render_stage_table(plan, result), "", render_memory_table(result)]
+    if plan.recompute_stages:
+        lines.append("recomputing stages (" + ",".join(f"s{idx}" for idx in plan.recompute_stages) + "): each "
+                     "backward runs the forward again; activations are the inputs of each micro-batch in flight "
+                     "plus one micro-batch's")
     if result.critical_path:
         lines += ["", "critical path: " + _short_path(result.critical_path)]
     return "\n".join(lines)
 
 
 def render_stage_table(plan: Plan, result: SimResult) -> str:
-    rows: list[tuple[str, ...]] = [("stage", "ranks", "b", "micro-batches", "in-flight", "bubble")]
+    """One row per stage; a `recompute` column when a stage recomputes its forward in its backward."""
+    recompute = bool(plan.recompute_stages)
+    rows: list[tuple[str, ...]] = [("stage", "ranks", "b", "micro-batches", "in-flight", "bubble")
+                                   + (("recompute",) if recompute else ())]
     for stage in plan.stages:
         rows.append((f"s{stage.idx}", _ranks(stage.ranks), str(stage.micro_batch_size),
                      str(plan.num_micro_batches(stage.idx)), str(result.peak_in_flight_samples[stage.idx]),
-                     f"{result.bubble_fraction[stage.idx]:.1%}"))
+                     f"{result.bubble_fraction[stage.idx]:.1%}")
+                    + (("yes" if stage.recompute else "no",) if recompute else ()))
     return format_table(rows)
 
 

@@ -23,6 +23,11 @@ Two modes get closer to single-device training on the whole mini-batch:
   per module and micro-batch: the ranks of a stage run the same action list, so every rank
   issues them in the same order.
 
+A recomputing stage (`Stage.recompute`, `graphpipe.runtime.recompute`) runs its forward twice per micro-batch;
+the second run adds nothing to the sums (`recomputing()`), and in the default mode the running statistics
+nn.BatchNorm writes in the second run are put back, so every mode moves them exactly as without recomputation.
+In "sync" the second run all-reduces the statistics again, on every rank of the stage alike.
+
 The modules are swapped in the stage's GraphModule for a `PipelineBatchNorm` that holds the
 *same* Parameter and buffer objects under the same names, so the optimizer, checkpoints and
 `StageModule.named_parameters()/named_buffers()` are unchanged. A module called twice per
@@ -43,6 +48,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from graphpipe.errors import TrainingError
 from graphpipe.runtime.comm import Transport
+from graphpipe.runtime.recompute import recomputing
 from graphpipe.runtime.stage_module import StageModule
 
 __all__ = ["BATCH_NORM_MODES", "BatchNormRule", "PipelineBatchNorm", "prepare_batch_norm"]
@@ -151,7 +157,7 @@ class PipelineBatchNorm(nn.Module):
                                         batch_stats, 0.0, self.eps)
 
     def _accumulate(self, moments: torch.Tensor) -> None:
-        if not self.track_running_stats:
+        if not self.track_running_stats or recomputing():  # a recompute sees the same samples again
             return
         self._moments = moments if self._moments is None else self._moments + moments
 

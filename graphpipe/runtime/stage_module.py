@@ -33,6 +33,7 @@ from graphpipe.graph.capture import CapturedModule, hold_tensors
 from graphpipe.graph.mutation import changes_of
 from graphpipe.graph.replication import is_inplace_name
 from graphpipe.runtime.per_sample import run_per_sample
+from graphpipe.runtime.recompute import BufferGuard, run_recomputed
 from graphpipe.stages.stage_graph import Plan
 
 MODEL_OUTPUT = "__model_output__"
@@ -70,19 +71,39 @@ class StageModule:
     module: torch.fx.GraphModule
     output_fn: Callable[[Any], Any] = _identity  # rebuilds the model's output object on the sink
     per_sample: bool = False  # a graph captured at one sample (`export-static`): run it sample by sample
+    # the plan's `Stage.recompute`: keep only the inputs, run the forward again in the backward (`run_recomputed`)
+    recompute: bool = False
+    _buffers: BufferGuard | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.recompute:
+            object.__setattr__(self, "_buffers", BufferGuard(self.module))
 
     def __call__(self, data: Mapping[str, Any], received: Mapping[str, Any], samples: int | None = None) -> dict[
             str, Any]:
-        """The stage's values for one share of `samples` samples (needed by a stage captured at one sample)."""
-        if self.per_sample:
-            if samples is None:
-                raise TrainingError("a stage captured at one sample runs sample by sample: pass samples=")
-            result = run_per_sample(self._run, data, self.spec.data_batch_axes, received, samples)
+        """The stage's values for one share of `samples` samples (needed by a stage captured at one sample).
+        A recomputing stage under autograd keeps only `data` and `received` for its backward."""
+        if self._buffers is not None and torch.is_grad_enabled():
+            data_names, received_names = tuple(data), tuple(received)
+
+            def compute(*values: Any) -> dict[str, Any]:
+                return self._compute(dict(zip(data_names, values)),
+                                     dict(zip(received_names, values[len(data_names):])), samples)
+
+            result: dict[str, Any] = run_recomputed(compute, (*data.values(), *received.values()), self._buffers)
         else:
-            result = self._run(data, received)
+            result = self._compute(data, received, samples)
         if MODEL_OUTPUT in result:
             result[MODEL_OUTPUT] = self.output_fn(result[MODEL_OUTPUT])
         return result
+
+    def _compute(self, data: Mapping[str, Any], received: Mapping[str, Any], samples: int | None) -> dict[str, Any]:
+        if self.per_sample:
+            if samples is None:
+                raise TrainingError("a stage captured at one sample runs sample by sample: pass samples=")
+            result: dict[str, Any] = run_per_sample(self._run, data, self.spec.data_batch_axes, received, samples)
+            return result
+        return self._run(data, received)
 
     def _run(self, data: Mapping[str, Any], received: Mapping[str, Any]) -> dict[str, Any]:
         args = [data[name] for name in self.spec.data_inputs] + [received[name] for name in self.spec.inputs]
@@ -105,7 +126,8 @@ def split_stages(source: CapturedModule | torch.fx.GraphModule, plan: Plan) -> t
     specs = stage_specs(gm, plan)
     per_sample = plan.capture == "export-static"
     return tuple(StageModule(spec=spec, module=_stage_graph_module(gm, spec), output_fn=output_fn,
-                             per_sample=per_sample) for spec in specs)
+                             per_sample=per_sample, recompute=plan.stages[spec.stage_idx].recompute)
+                 for spec in specs)
 
 
 def stage_specs(gm: torch.fx.GraphModule, plan: Plan) -> tuple[StageSpec, ...]:

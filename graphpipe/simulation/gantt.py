@@ -1,5 +1,7 @@
 """A Gantt chart of a simulated iteration: one row per rank, forwards and backwards in two colours.
 
+The backwards of a recomputing stage (`Stage.recompute`: they run the forward again) are hatched.
+
 White space is idle time (the bubbles); light grey is a rank that is ready to compute but
 waits for a CPU core (clusters whose ranks share fewer cores than they are, such as
 `local-cpu`). The title carries the iteration time, the throughput and the bubble.
@@ -14,6 +16,7 @@ from graphpipe.simulation.result import Event, SimResult
 
 COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "all_reduce": "#55A868", "step": "#8C8C8C",
            "core_wait": "#E2E2E2"}
+RECOMPUTE_HATCH = "////"
 LABELS = {"forward": "forward", "backward": "backward", "all_reduce": "all-reduce", "step": "optimizer step",
           "core_wait": "waiting for a CPU core"}
 
@@ -36,11 +39,14 @@ def render_gantt(result: SimResult, path: str | os.PathLike[str], *, title: str 
     fig, ax = plt.subplots(figsize=(fig_w, 1.6 + 0.42 * len(rows)))
     busiest = max((len(events) for _, _, events in rows), default=0)
     edge_w = 0.4 if busiest <= 80 else 0.0  # thin white separators only while the boxes are wide
-    for y, (_, _, events) in enumerate(rows):
+    recomputing = set(result.recompute_stages)
+    for y, (_, stage, events) in enumerate(rows):
         for kind, colour in COLOURS.items():  # one collection per row and kind: fast for long schedules
             spans = [(e.start_ms, e.duration_ms) for e in events if e.kind == kind and e.duration_ms > 0]
             if spans:
-                ax.broken_barh(spans, (y - 0.36, 0.72), facecolors=colour, edgecolor="white", linewidth=edge_w)
+                hatched = kind == "backward" and stage in recomputing
+                ax.broken_barh(spans, (y - 0.36, 0.72), facecolors=colour, edgecolor="white", linewidth=edge_w,
+                               hatch=RECOMPUTE_HATCH if hatched else None)
         for event in events:
             _label(ax, event, y, end_ms, fig_w)
     ax.set_yticks(range(len(rows)), [f"rank {rank} · s{stage}" for rank, stage, _ in rows], fontsize=8)
@@ -50,8 +56,12 @@ def render_gantt(result: SimResult, path: str | os.PathLike[str], *, title: str 
     ax.grid(axis="x", alpha=0.3)
     ax.set_axisbelow(True)
     kinds = [k for k in COLOURS if any(e.kind == k and e.duration_ms > 0 for _, _, evs in rows for e in evs)]
-    ax.legend(handles=[Patch(color=COLOURS[k], label=LABELS[k]) for k in kinds], loc="lower right",
-              bbox_to_anchor=(1.0, 1.0), ncol=len(kinds), frameon=False, fontsize=8)
+    handles = [Patch(color=COLOURS[k], label=LABELS[k]) for k in kinds]
+    if recomputing and any(stage in recomputing for _, stage, _ in rows):
+        handles.append(Patch(facecolor=COLOURS["backward"], edgecolor="white", hatch=RECOMPUTE_HATCH,
+                             label="backward recomputing its forward"))
+    ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(handles), frameon=False,
+              fontsize=8)
     head = f"{title}\n" if title else ""
     ax.set_title(f"{head}{result.schedule}: {result.iteration_time_s * 1e3:.2f} ms/iteration, "
                  f"{result.samples_per_s:,.1f} samples/s, bubble {result.mean_bubble_fraction:.0%} mean / "

@@ -3,7 +3,8 @@
 Static state is weights + gradients + Adam's two moments = 4 × the stage's parameter
 bytes (`graphpipe.cost.formulas.memory`, the planner's formula). A micro-batch's activations are
 alive from the start of its forward to the end of its backward; a stage's list runs in
-order, so the peak count follows from the list alone.
+order, so the peak count follows from the list alone. A recomputing stage holds only the inputs of
+each live micro-batch, plus one micro-batch's activations (`StageCost.activation_bytes`).
 """
 
 from __future__ import annotations

@@ -84,6 +84,7 @@ class SimResult:
     peak_in_flight_samples: Mapping[int, int]  # per stage, over all its ranks
     critical_path: tuple[str, ...]  # action texts, first to last
     timeline: Timeline = field(default_factory=lambda: Timeline(events=()))
+    recompute_stages: tuple[int, ...] = ()  # stages whose backward runs their forward again (`Stage.recompute`)
 
     @property
     def max_bubble_fraction(self) -> float:
@@ -113,7 +114,8 @@ class SimResult:
                 "static_memory_bytes": list(self.static_memory_bytes),
                 "device_memory_bytes": self.device_memory_bytes,
                 "peak_in_flight_samples": {str(k): v for k, v in sorted(self.peak_in_flight_samples.items())},
-                "critical_path": list(self.critical_path), "timeline": self.timeline.to_dict()}
+                "critical_path": list(self.critical_path), "timeline": self.timeline.to_dict(),
+                **({"recompute_stages": list(self.recompute_stages)} if self.recompute_stages else {})}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SimResult:
@@ -125,7 +127,8 @@ class SimResult:
                    device_memory_bytes=data["device_memory_bytes"],
                    peak_in_flight_samples=int_keys(dict(data["peak_in_flight_samples"])),
                    critical_path=tuple(data["critical_path"]),
-                   timeline=Timeline.from_dict(data.get("timeline", {"events": []})))
+                   timeline=Timeline.from_dict(data.get("timeline", {"events": []})),
+                   recompute_stages=tuple(data.get("recompute_stages", ())))
 
     def __str__(self) -> str:
         return (f"SimResult({self.schedule}: {self.iteration_time_s * 1e3:.2f} ms/iteration, "

@@ -9,6 +9,10 @@ rule, `graphpipe.cost.formulas.time_per_sample.action_overheads_ms`, so the plan
 `bwd_ms` are these). A parameter
 shared by several stages (`Plan.shared_params`) weighs in every stage that holds a copy, leaves
 its stage's data-parallel all-reduce, and is summed by one all-reduce over the plan's ranks.
+
+A recomputing stage (`Stage.recompute`) runs its ops' forward again in each backward
+(`graphpipe.cost.formulas.time_per_sample.recompute_extra_ms`, without a second action overhead) and holds
+per micro-batch in flight only its inputs (`recompute_input_bytes`).
 """
 
 from __future__ import annotations
@@ -17,24 +21,42 @@ from dataclasses import replace
 
 from graphpipe.cost.cluster import Device
 from graphpipe.cost.cost_table import CostTable
-from graphpipe.cost.formulas.time_per_sample import action_overheads_ms
+from graphpipe.cost.formulas.time_per_sample import action_overheads_ms, recompute_extra_ms
 from graphpipe.stages.stage_cost import StageCost
 from graphpipe.stages.stage_graph import Plan, Stage
 
 
-def stage_cost(stage: Stage, costs: CostTable, device: Device | None = None) -> StageCost:
+def stage_cost(stage: Stage, costs: CostTable, device: Device | None = None, input_bytes: int = 0) -> StageCost:
     """Forward, backward, activations and weights of one micro-batch share; the times the engine charges for
-    messages and all-reduces it derives from the placed ranks itself."""
+    messages and all-reduces it derives from the placed ranks itself. `input_bytes`: what a recomputing stage
+    keeps of a micro-batch share (`recompute_input_bytes`)."""
     per_rank = stage.micro_batch_size / stage.data_parallel_degree
     parts = [costs.at(op, per_rank) for op in stage.ops]
     fwd_extra_ms, bwd_extra_ms = action_overheads_ms(device) if device else (0.0, 0.0)
-    return StageCost(fwd_ms=sum(p.fwd_ms for p in parts) + fwd_extra_ms,
-                     bwd_ms=sum(p.bwd_ms for p in parts) + bwd_extra_ms,
-                     act_bytes=sum(p.act_bytes for p in parts), param_bytes=sum(p.param_bytes for p in parts))
+    ops_fwd_ms = sum(p.fwd_ms for p in parts)
+    bwd_ms = sum(p.bwd_ms for p in parts) + bwd_extra_ms
+    if stage.recompute:
+        bwd_ms += recompute_extra_ms(ops_fwd_ms)
+    return StageCost(fwd_ms=ops_fwd_ms + fwd_extra_ms, bwd_ms=bwd_ms,
+                     act_bytes=sum(p.act_bytes for p in parts), param_bytes=sum(p.param_bytes for p in parts),
+                     recompute=stage.recompute, input_bytes=input_bytes if stage.recompute else 0)
+
+
+def recompute_input_bytes(plan: Plan, stage: Stage, costs: CostTable) -> int:
+    """What a recomputing stage keeps of one micro-batch share on one rank: the values it receives (its incoming
+    stage edges' `bytes_per_sample`) and the model inputs among its ops (`Plan.input_batch_axes`; their
+    `output_bytes` in the cost table), at micro_batch_size / d samples. The model inputs are views of the
+    mini-batch, which the runtime holds for the whole step anyway: counting them is on the safe side."""
+    per_rank = stage.micro_batch_size / stage.data_parallel_degree
+    received = sum(edge.bytes_per_sample for edge in plan.edges if edge.dst == stage.idx) * per_rank
+    model_inputs = sum(costs.at(op, per_rank).output_bytes for op in stage.ops if op in plan.input_batch_axes)
+    return round(received + model_inputs)
 
 
 def stage_costs(plan: Plan, costs: CostTable, device: Device | None = None) -> dict[int, StageCost]:
-    out = {stage.idx: stage_cost(stage, costs, device) for stage in plan.stages}
+    out = {stage.idx: stage_cost(stage, costs, device,
+                                 recompute_input_bytes(plan, stage, costs) if stage.recompute else 0)
+           for stage in plan.stages}
     if not plan.shared_params:
         return out
     total = sum(int(entry["bytes"]) for entry in plan.shared_params.values())

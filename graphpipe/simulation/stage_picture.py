@@ -2,8 +2,8 @@
 
 Each box shows the stage, its ranks, micro-batch size and in-flight samples, and a
 summary of its ops (op kinds when the op graph is given, else the first and last op
-names). Edge labels are the activation bytes of one micro-batch of the sending stage.
-PNG or SVG, chosen by the file suffix.
+names); a recomputing stage (`Stage.recompute`) has a dashed border and says so. Edge
+labels are the activation bytes of one micro-batch of the sending stage. PNG or SVG, chosen by the file suffix.
 """
 
 from __future__ import annotations
@@ -56,14 +56,17 @@ def render_stage_graph(plan: Plan, path: str | os.PathLike[str], *, graph: OpGra
     for stage in plan.stages:
         x, y = pos[stage.idx]
         ax.add_patch(FancyBboxPatch((x - BOX_W / 2, y - BOX_H / 2), BOX_W, BOX_H, boxstyle="round,pad=0.02",
-                                    fc=_colour(stage, plan), ec="#333333", linewidth=1.0))
+                                    fc=_colour(stage, plan), ec="#333333", linewidth=1.6 if stage.recompute else 1.0,
+                                    linestyle="--" if stage.recompute else "-"))
         ax.text(x, y, _box_text(stage, graph), ha="center", va="center", fontsize=font, family="monospace")
     ax.set_xlim(-0.6, num_cols - 0.4)
     ax.set_ylim(num_rows / 2 + 0.1, top - 0.12 * num_skips - 0.15)
     ax.axis("off")
     ax.set_title(f"{plan.graph_name}: {plan.planner} plan, {plan.num_stages} stages, depth {plan.depth}, "
                  f"{plan.world_size} devices, mini-batch {plan.global_batch_size}\n"
-                 "edge labels: activation bytes per micro-batch", fontsize=9, loc="left")
+                 "edge labels: activation bytes per micro-batch"
+                 + ("; dashed: recomputes its forward in its backward" if plan.recompute_stages else ""),
+                 fontsize=9, loc="left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -79,6 +82,8 @@ def _box_text(stage: Stage, graph: OpGraph | None) -> str:
     lines.append(f"in-flight {stage.in_flight_samples} samples")
     if stage.memory_bytes:
         lines[-1] += f" · {format_bytes(stage.memory_bytes)}"
+    if stage.recompute:
+        lines.append("recompute: inputs kept")
     return "\n".join(lines)
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from graphpipe.cost.formulas.memory import recompute_activation_bytes
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageCost:
@@ -28,6 +30,16 @@ class StageCost:
     tps_ms: float = 0.0  # planner: time per sample (`graphpipe.cost.formulas.time_per_sample`)
     local_reduce_bytes: int = -1  # simulator: what the stage's data-parallel all-reduce sums (-1: param_bytes)
     shared_reduce_bytes: int = 0  # simulator: every shared parameter of the plan, reduced by all of its ranks
+    # Activation recomputation (`Stage.recompute`): `bwd_ms` then includes the forward run again, and a micro-batch
+    # in flight holds `input_bytes` (what the stage receives and its model inputs), not `act_bytes`.
+    recompute: bool = False
+    input_bytes: int = 0
+
+    def activation_bytes(self, held_micro_batches: int) -> float:
+        """Activations alive while the stage holds `held_micro_batches` micro-batches (docs/method.md, "Memory")."""
+        if self.recompute:
+            return recompute_activation_bytes(self.input_bytes, self.act_bytes, held_micro_batches)
+        return float(held_micro_batches * self.act_bytes)
 
     @property
     def data_parallel_bytes(self) -> int:

@@ -8,7 +8,8 @@ to a higher index), which is the order the runtime and the scheduler rely on.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -30,8 +31,13 @@ class Stage:
     bwd_ms: float = 0.0
     memory_bytes: int = 0  # predicted peak per rank
     tps_ms: float = 0.0  # time per sample incl. communication share (the planner's objective)
+    # Activation recomputation: keep only the stage's inputs per micro-batch in flight and run its forward
+    # again in its backward (docs/method.md, "Activation recomputation"). Written to JSON only when true.
+    recompute: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.recompute, bool):
+            raise PlanValidationError(f"stage {self.idx}: recompute must be true or false, got {self.recompute!r}")
         if not self.ops:
             raise PlanValidationError(f"stage {self.idx} has no ops")
         if not self.ranks:
@@ -49,18 +55,19 @@ class Stage:
         return {"idx": self.idx, "ops": list(self.ops), "ranks": list(self.ranks),
                 "micro_batch_size": self.micro_batch_size, "in_flight_samples": self.in_flight_samples,
                 "fwd_ms": self.fwd_ms, "bwd_ms": self.bwd_ms, "memory_bytes": self.memory_bytes,
-                "tps_ms": self.tps_ms}
+                "tps_ms": self.tps_ms, **({"recompute": True} if self.recompute else {})}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Stage:
         return cls(idx=data["idx"], ops=tuple(data["ops"]), ranks=tuple(data["ranks"]),
                    micro_batch_size=data["micro_batch_size"], in_flight_samples=data["in_flight_samples"],
                    fwd_ms=data.get("fwd_ms", 0.0), bwd_ms=data.get("bwd_ms", 0.0),
-                   memory_bytes=data.get("memory_bytes", 0), tps_ms=data.get("tps_ms", 0.0))
+                   memory_bytes=data.get("memory_bytes", 0), tps_ms=data.get("tps_ms", 0.0),
+                   recompute=data.get("recompute", False))
 
     def __str__(self) -> str:
         return (f"s{self.idx}[{len(self.ops)} ops, ranks {list(self.ranks)}, b={self.micro_batch_size}, "
-                f"in-flight {self.in_flight_samples}]")
+                f"in-flight {self.in_flight_samples}{', recompute' if self.recompute else ''}]")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -202,6 +209,24 @@ class Plan(JsonFile):
     def peak_memory_bytes(self) -> int:
         return max((stage.memory_bytes for stage in self.stages), default=0)
 
+    # ---- activation recomputation ---------------------------------------------------------
+    @property
+    def recompute_stages(self) -> tuple[int, ...]:
+        """Indices of the stages that recompute their forward in their backward."""
+        return tuple(stage.idx for stage in self.stages if stage.recompute)
+
+    def with_recompute(self, stages: Iterable[int] | str) -> Plan:
+        """This plan with exactly `stages` recomputing (indices, or the text `parse_recompute` reads: "all",
+        "none", "s1,s3"); every other stage keeps its activations. The stages' predicted times and memory are
+        left as they are: `graphpipe.simulation.reprice.recompute_plan` prices them again from costs."""
+        chosen = parse_recompute(stages, self.num_stages) if isinstance(stages, str) else frozenset(stages)
+        missing = sorted(idx for idx in chosen if not 0 <= idx < self.num_stages)
+        if missing:
+            raise PlanValidationError(f"recompute names stage(s) {missing}, but the plan has stages "
+                                      f"s0..s{self.num_stages - 1}")
+        return dataclasses.replace(self, stages=tuple(dataclasses.replace(stage, recompute=stage.idx in chosen)
+                                                      for stage in self.stages))
+
     # ---- serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -245,3 +270,23 @@ class Plan(JsonFile):
     def __str__(self) -> str:
         return (f"Plan({self.planner}, {self.num_stages} stages, depth {self.depth}, "
                 f"{self.world_size} devices, batch {self.global_batch_size})")
+
+
+def parse_recompute(text: str, num_stages: int) -> frozenset[int]:
+    """The stages a `--recompute` value names: "all", "none", or stages separated by commas, each "s3" or "3"."""
+    words = [word.strip().lower() for word in text.split(",") if word.strip()]
+    if words == ["all"]:
+        return frozenset(range(num_stages))
+    if words in ([], ["none"]):
+        return frozenset()
+    chosen = set()
+    for word in words:
+        digits = word[1:] if word.startswith("s") else word
+        if not digits.isdigit():
+            raise PlanValidationError(f"recompute {text!r}: {word!r} is not a stage; write all, none, or stages "
+                                      "such as s1,s3")
+        idx = int(digits)
+        if idx >= num_stages:
+            raise PlanValidationError(f"recompute {text!r}: the plan has stages s0..s{num_stages - 1}, not s{idx}")
+        chosen.add(idx)
+    return frozenset(chosen)

@@ -5,7 +5,8 @@ Each model is planned for 2 local CPU devices (three of them also for 4), traine
 the batches `graphpipe train` draws, and compared with the same steps on one device: every step's loss and
 every parameter of the final checkpoint within 1e-10 (relative to the parameter's norm, absolute below norm
 1: a parameter whose gradient is zero in exact arithmetic moves by rounding noise only). The mixture-of-
-experts decoder is also planned at two micro-batch sizes other than its example's 4; BART (its embedding shared by
+experts decoder is also planned at two micro-batch sizes other than its example's 4 (at 2, with two of its
+stages recomputing their forward in their backward: `--recompute`); BART (its embedding shared by
 encoder, decoder and head) trains with `--clip-grad-norm`, against `clip_grad_norm_` on one device, and Qwen2 with
 a warmed-up cosine learning-rate schedule. The cross-attention
 vision-language model (Mllama) gets its vision tower a stage beside the decoder's first half, which the simulator
@@ -39,7 +40,8 @@ CASES = [  # (model, devices, extra plan options, extra train options)
     ("qwen2", 2, (), ("--lr-schedule", "cosine", "--warmup-steps", "1")), ("bart", 2, (), ("--clip-grad-norm", "0.05")),
     ("clip", 4, (), ()),
     ("clip", 2, (), ("--init", "meta")),
-    ("olmoe", 4, ("--micro-batch-sizes", "2"), ()), ("olmoe", 2, ("--micro-batch-sizes", "1"), ()),
+    ("olmoe", 4, ("--micro-batch-sizes", "2", "--recompute", "s0,s2"), ()),  # two stages recompute their forward
+    ("olmoe", 2, ("--micro-batch-sizes", "1"), ()),
     ("granitemoe", 2, (), ()), ("mixtral", 2, (), ()), ("llava", 4, (), ()), ("mllama", 4, (), ()),
     ("mamba", 2, (), ()),
     ("wav2vec2", 2, (), ("--init", "meta")), ("convnext", 2, (), ()),
@@ -84,6 +86,8 @@ def test_plan_then_train_equals_one_device(tmp_path: Path, name: str, devices: i
     if plan_options:
         sizes = {stage.micro_batch_size for stage in plan.stages}
         assert sizes == {int(plan_options[1])}, f"planned micro-batch sizes {sizes}"
+    if "--recompute" in plan_options:
+        assert plan.recompute_stages == (0, 2), plan.recompute_stages
     if name == "llava":  # its forward fixes the batch size: captured at one sample, said once
         assert plan.capture == "export-static"
         assert planned.stdout.count("fixes the batch size") == 1, planned.stdout

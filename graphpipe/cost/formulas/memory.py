@@ -57,3 +57,60 @@ def max_in_flight_micro_batches_array(param_bytes: np.ndarray, act_bytes_per_mic
     np.copyto(k_max, -1.0, where=spare < 0)
     np.fmax(k_max, -1.0, out=k_max)
     return k_max.astype(np.int32)
+
+
+# ---- activation recomputation ------------------------------------------------------------------------
+# A stage that recomputes (`Stage.recompute`) keeps only its inputs per micro-batch in flight and runs its
+# forward again inside its backward, under `torch.utils.checkpoint`: the full activations of a micro-batch
+# exist only from that recompute to the end of the same backward, and a stage runs one backward at a time.
+#
+#     activations = held micro-batches × input bytes of one micro-batch + activations of one micro-batch
+#     k_max       = floor((memory limit - static - activations of one micro-batch) / input bytes of one)
+#
+# "Input bytes" are what the checkpoint keeps of a micro-batch: the values the stage receives (its incoming
+# stage edges' bytes per sample) and the model inputs it reads, at the rank's share of the micro-batch
+# (`graphpipe.simulation.stage_cost.recompute_input_bytes`). Counting the one micro-batch whose forward is
+# recomputed both in the held inputs and in its full activations is on the safe side by one input.
+
+def recompute_activation_bytes(input_bytes_per_micro_batch: float, act_bytes_per_micro_batch: float,
+                               held_micro_batches: int) -> float:
+    """Activations alive at the peak of a recomputing stage that holds `held_micro_batches` micro-batches: the
+    inputs of each, plus one micro-batch's full activations while its backward recomputes them (0 when it holds
+    none)."""
+    if held_micro_batches <= 0:
+        return 0.0
+    return held_micro_batches * input_bytes_per_micro_batch + act_bytes_per_micro_batch
+
+
+def max_in_flight_micro_batches_recompute(param_bytes: float, input_bytes_per_micro_batch: float,
+                                          act_bytes_per_micro_batch: float, memory_limit: float,
+                                          num_micro_batches: int | None = None) -> int:
+    """`max_in_flight_micro_batches` of a recomputing stage: the weights and one micro-batch's full activations
+    must fit, then every held micro-batch costs its inputs alone (-1 where the first part does not fit)."""
+    spare = memory_limit - static_memory_bytes(param_bytes) - act_bytes_per_micro_batch
+    if spare < 0:
+        return -1
+    if input_bytes_per_micro_batch <= 0:
+        return UNBOUNDED
+    most = int(spare // input_bytes_per_micro_batch)
+    return UNBOUNDED if num_micro_batches is not None and most >= num_micro_batches else most
+
+
+def max_in_flight_micro_batches_recompute_array(param_bytes: np.ndarray, input_bytes_per_micro_batch: np.ndarray,
+                                                act_bytes_per_micro_batch: np.ndarray, memory_limit: float,
+                                                num_micro_batches: int, cap: int) -> np.ndarray:
+    """`max_in_flight_micro_batches_recompute` elementwise as int32, read as `max_in_flight_micro_batches_array`
+    reads its scalar (UNBOUNDED and anything above `cap` as `cap`, anything below -1 as -1), for the DP's tables
+    once it prices recomputing segments. `input_bytes_per_micro_batch` is overwritten."""
+    spare = memory_limit - OPTIMIZER_STATE_FACTOR * param_bytes - act_bytes_per_micro_batch
+    k_max = input_bytes_per_micro_batch
+    with np.errstate(divide="ignore", invalid="ignore"):
+        np.divide(spare, k_max, out=k_max)
+    np.floor(k_max, out=k_max)
+    whole = k_max >= num_micro_batches
+    most = float(cap)
+    np.fmin(k_max, most, out=k_max)
+    np.copyto(k_max, most, where=whole)
+    np.copyto(k_max, -1.0, where=spare < 0)
+    np.fmax(k_max, -1.0, out=k_max)
+    return k_max.astype(np.int32)

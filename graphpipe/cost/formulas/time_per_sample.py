@@ -114,3 +114,22 @@ def time_per_sample_floor(device: Device, all_reduce_line: tuple[float, float], 
     reduce_slope, reduce_fixed = all_reduce_line
     return (actions_ms(device) / micro_batch_size + step_fixed / global_batch_size,
             (reduce_slope + step_slope) / global_batch_size, reduce_fixed / global_batch_size)
+
+
+# ---- activation recomputation ------------------------------------------------------------------------
+RECOMPUTE_FORWARDS = 1  # forwards a recomputing stage runs again per micro-batch, inside its backward
+
+
+def recompute_extra_ms(ops_fwd_ms: float) -> float:
+    """What recomputation adds to a stage's backward of one micro-batch: its ops' forward once more (`ops_fwd_ms`,
+    without the per-action overhead: the recompute runs inside the backward action, which pays its own once).
+    So a recomputing stage's backward is `bwd + recompute_extra_ms(fwd)` and its TPS gains
+    `recompute_extra_ms(fwd) / b`: the rule's compute term is then fwd + bwd + fwd. Works elementwise on numpy
+    arrays too."""
+    return RECOMPUTE_FORWARDS * ops_fwd_ms
+
+
+def recompute_compute_ms(ops_fwd_ms: float, ops_bwd_ms: float) -> float:
+    """The compute term of the TPS (`time_per_sample_ms`'s `compute_ms`) of a recomputing stage: forward, then the
+    backward with its forward run again."""
+    return ops_fwd_ms + (ops_bwd_ms + recompute_extra_ms(ops_fwd_ms))

@@ -28,8 +28,9 @@ unit: $(STAMP)
 
 test: lint typecheck unit
 
-# On a CUDA machine with its own torch and no package index: CUDA tests, NCCL training against one
-# device, throughput (benchmarks/gpu/README.md). Not on $(STAMP): that would pip-install CPU torch.
+# On a CUDA machine with its own torch and no package index: CUDA tests, multi-rank pipelines on the GPU
+# (ranks sharing one GPU; NCCL with two or more) against one device, bf16, a CUDA profile, throughput
+# against torch pipelining (benchmarks/gpu/README.md). Not on $(STAMP): that would pip-install CPU torch.
 gpu-check:
 	bash benchmarks/gpu/run.sh
 

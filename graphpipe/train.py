@@ -39,6 +39,8 @@ AUTOCAST: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
 ACTIVATION_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # what the cost model counts activations in
 INIT_MODES = ("model", "meta")
 OPTIMIZERS: dict[str, Any] = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
+EVERY_STEP_UP_TO = 100  # --log-every's default: every step of a run this long, else every LOG_EVERY_LONG
+LOG_EVERY_LONG = 10
 KILL_ENV = "GRAPHPIPE_KILL_AT"  # "RANK:STEP": that rank kills itself at that step (fault-injection tests)
 
 
@@ -91,6 +93,15 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--save-every", type=int, default=0, help="also save every N steps (0: only at the end)")
     parser.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
     parser.add_argument("--trace", default=None, metavar="DIR", help="write a Chrome trace per rank into DIR")
+    parser.add_argument("--log-every", type=int, default=None, metavar="N",
+                        help="sum the loss over the ranks (a device sync) and report the metrics every N steps, and "
+                             "on the last, evaluated and saved steps; the step time reported is the mean since the "
+                             f"last report (default: every step up to {EVERY_STEP_UP_TO} steps, else every "
+                             f"{LOG_EVERY_LONG})")
+    parser.add_argument("--share-gpu", action="store_true",
+                        help="ranks share the GPUs (rank i on cuda:i %% GPUs; one GPU: all on cuda:0) over gloo, "
+                             "every message staged through host memory: more ranks than GPUs, e.g. to test a "
+                             "pipeline on one GPU (NCCL needs a GPU per rank); without CUDA the ranks run on the CPU")
     parser.add_argument("--timeout", type=float, default=60.0, help="process-group timeout in seconds")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     parser.add_argument("--dtype", choices=sorted(AUTOCAST), default="fp32",
@@ -131,6 +142,8 @@ def train_args_problem(args: argparse.Namespace) -> str | None:
         return (f"--warmup-steps must be at least 0 and fewer than --steps ({args.steps}), got {args.warmup_steps}")
     if args.clip_grad_norm is not None and not args.clip_grad_norm > 0:
         return f"--clip-grad-norm must be above 0 (the largest gradient norm kept), got {args.clip_grad_norm:g}"
+    if args.log_every is not None and args.log_every < 1:
+        return f"--log-every must be at least 1 (report every N steps), got {args.log_every}"
     if args.threads < 1:
         return f"--threads must be at least 1, got {args.threads}"
     if args.timeout <= 0:
@@ -160,14 +173,23 @@ def train_args_problem(args: argparse.Namespace) -> str | None:
     return f"--mini-batch {args.batch}: {too_many}" if too_many else model_problem(args)
 
 
-def cuda_devices_problem(ranks_here: int) -> str | None:
-    """Each rank of a machine takes one CUDA device (NCCL): more ranks than devices cannot start."""
-    if not torch.cuda.is_available() or ranks_here <= torch.cuda.device_count():
+def cuda_devices_problem(ranks_here: int, share_gpu: bool = False) -> str | None:
+    """Each rank of a machine takes one CUDA device (NCCL): more ranks than devices cannot start, unless they
+    share the GPUs (--share-gpu: gloo, host-staged messages)."""
+    if share_gpu or not torch.cuda.is_available() or ranks_here <= torch.cuda.device_count():
         return None
     count = torch.cuda.device_count()
-    return (f"{ranks_here} ranks on this machine but it has {count} CUDA device(s), and each rank takes one: start "
-            f"at most {count} (--nproc {count}), or hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on the CPU "
-            "with gloo")
+    return (f"{ranks_here} ranks on this machine but it has {count} CUDA device(s), and each rank takes one over "
+            f"NCCL: start at most {count} (--nproc {count}), or pass --share-gpu to put several ranks on a GPU (gloo, "
+            "messages staged through host memory: slower, for testing a pipeline), or hide the GPUs "
+            "(CUDA_VISIBLE_DEVICES=) to train on the CPU")
+
+
+def log_every(args: argparse.Namespace) -> int:
+    """Report (and sync the loss) every this many steps: --log-every, else every step of a short run."""
+    if args.log_every is not None:
+        return int(args.log_every)
+    return 1 if args.steps <= EVERY_STEP_UP_TO else LOG_EVERY_LONG
 
 
 def builds_empty(args: argparse.Namespace) -> bool:
@@ -196,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     plan = Plan.load(args.plan)
-    device = _init_process_group(args.timeout)
+    device = _init_process_group(args.timeout, args.share_gpu)
     zoo = _load_model(args, plan)
     trainer = _make_trainer(args, plan, zoo, device)
     if trainer.idle:  # the plan uses fewer ranks than were launched
@@ -208,15 +230,21 @@ def run(args: argparse.Namespace) -> None:
     _train_loop(args, plan, trainer, zoo)
 
 
-def _init_process_group(timeout_s: float) -> torch.device:
+def _init_process_group(timeout_s: float, share_gpu: bool = False) -> torch.device:
     if "RANK" not in os.environ:
         raise TrainingError("python -m graphpipe.train runs under torchrun (RANK is not set); use "
                             "`graphpipe train --nproc N` or `torchrun --nproc-per-node N -m graphpipe.train ...`")
     use_cuda = torch.cuda.is_available()
     device = torch.device("cpu")
-    problem = cuda_devices_problem(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    problem = cuda_devices_problem(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), share_gpu)
     if problem:
         raise TrainingError(problem)
+    if share_gpu:  # gloo between the ranks; the trainer stages their messages through host memory
+        if use_cuda:
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+            torch.cuda.set_device(device)
+        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+        return device
     if use_cuda:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
@@ -248,7 +276,8 @@ def _make_trainer(args: argparse.Namespace, plan: Plan, zoo: Any, device: torch.
                            schedule=args.schedule or plan.schedule, leaf_modules=args.leaf_modules,
                            example_inputs=zoo.inputs, device=device, autocast=AUTOCAST[args.dtype],
                            weights=args.weights, init_seed=args.seed, batch_norm=args.batch_norm,
-                           clip_grad_norm=args.clip_grad_norm, lr_scheduler=_scheduler(args))
+                           clip_grad_norm=args.clip_grad_norm, lr_scheduler=_scheduler(args),
+                           host_staged=True if args.share_gpu else None)
 
 
 def _resume(trainer: Any, checkpoint_dir: str) -> None:
@@ -288,34 +317,48 @@ def _take(value: Any, perm: torch.Tensor) -> Any:
 
 
 def _train_loop(args: argparse.Namespace, plan: Plan, trainer: Any, zoo: Any) -> None:
-    from graphpipe.runtime.metrics import StepMetrics, peak_memory_bytes
+    """Train up to --steps. The loss is summed over the ranks (a device sync) only on the steps that report
+    (`_reports`); the step time reported is the mean over the steps since the previous report."""
+    from graphpipe.runtime.metrics import StepMetrics
 
     rank = dist.get_rank()
     simulated = simulated_iteration_s(plan, zoo, trainer.schedule, args.leaf_modules, args.plan) if rank == 0 \
         else None
     bar = _progress(rank, trainer.step_count, args.steps)
     traced: list[Any] = []
+    pending: list[Any] = []  # the steps' events since the last report, not resolved yet
     origin = time.monotonic()
     kill_rank, kill_step = _kill_point()
     data = _mini_batches(args, plan)
     evaluation = _eval_batches(args, plan, rank)
-    for step in range(trainer.step_count, args.steps):
+    every = log_every(args)
+    since, timed = time.perf_counter(), 0  # the interval the next report's step time averages
+    first = trainer.step_count  # a resumed run reports its first step too
+    for step in range(first, args.steps):
         inputs, targets = data.at(step) if data is not None else _example_batches(zoo, args, step)
         if (rank, step) == (kill_rank, kill_step):
             os.kill(os.getpid(), signal.SIGKILL)
         rate = trainer.learning_rate
-        start = time.perf_counter()
-        loss = trainer.step(inputs, targets)
-        elapsed = time.perf_counter() - start
-        peaks = _gather_peaks(peak_memory_bytes(trainer.device), trainer)
-        if args.trace:
-            traced.append(list(trainer.executor.events))
+        reports = step == first or _reports(args, step + 1, every, bool(evaluation))
+        loss = trainer.step(inputs, targets, reduce_loss=reports)
+        timed += 1
+        if args.trace:  # resolved at the next report, after its sync (on a GPU, CUDA events)
+            pending.append(trainer.executor.recorded())
+        if bar is not None and not reports:
+            bar.update(1)
+        if not reports:
+            continue
+        elapsed = (time.perf_counter() - since) / timed  # the loss's sum synchronised every rank's device
+        traced += [resolve() for resolve in pending]
+        pending = []
+        peaks, reserved, outside = _gather_memory(trainer)
         evaluated = mean_eval_loss(trainer, evaluation) if evaluation and _should_eval(args, step + 1) else None
         metrics = StepMetrics(step=step + 1, loss=loss, iteration_s=elapsed,
                               samples_per_s=plan.global_batch_size * args.accumulate / elapsed,
                               simulated_iteration_s=simulated, peak_memory_bytes=peaks,
                               simulation_calibrated=simulation_calibrated(plan), grad_norm=trainer.last_grad_norm,
-                              learning_rate=rate, eval_loss=evaluated)
+                              learning_rate=rate, eval_loss=evaluated, steps_timed=timed,
+                              reserved_memory_bytes=reserved, outside_allocator_bytes=outside)
         if rank == 0:
             _report(args, bar, metrics)
         problem = None if trainer.idle else non_finite_problem(step + 1, loss, trainer.last_grad_norm,
@@ -324,12 +367,21 @@ def _train_loop(args: argparse.Namespace, plan: Plan, trainer: Any, zoo: Any) ->
             raise TrainingError(problem)
         if args.checkpoint_dir and _should_save(args, step + 1):
             trainer.save(str(Path(args.checkpoint_dir) / f"step_{step + 1}"))
+        since, timed = time.perf_counter(), 0
     if bar is not None:
         bar.close()
     if args.trace:
         from graphpipe.runtime.trace import write_rank_trace
 
-        write_rank_trace(args.trace, rank, trainer.stage_idx, traced, origin)
+        traced += [resolve() for resolve in pending]
+        write_rank_trace(args.trace, rank, trainer.stage_idx, traced, origin, trainer.executor.clock.source)
+
+
+def _reports(args: argparse.Namespace, done: int, every: int, evaluating: bool) -> bool:
+    """Whether step `done` sums the loss and reports: every `every` steps, the first and the last, and the steps
+    that evaluate or save (a non-finite loss must stop training before its step is saved)."""
+    return (done % every == 0 or done == 1 or done == args.steps or (evaluating and _should_eval(args, done))
+            or bool(args.checkpoint_dir and _should_save(args, done)))
 
 
 def _mini_batches(args: argparse.Namespace, plan: Plan) -> Any:
@@ -449,14 +501,22 @@ def _kill_point() -> tuple[int, int]:
     return int(rank), int(step)
 
 
-def _gather_peaks(own: int, trainer: Any) -> tuple[int, ...]:
-    """Every working rank's peak memory. An all-reduce of one slot per rank into a tensor this rank owns
-    (the output list of an all_gather could be freed by a gloo thread during interpreter shutdown), over
-    the plan's ranks only: idle ranks have left."""
-    every = torch.zeros(trainer.plan.world_size, dtype=torch.int64, device=trainer.device)
-    every[trainer.rank] = own
-    trainer.transport.all_reduce_sum_(every, tuple(range(trainer.plan.world_size)))
-    return tuple(int(value) for value in every.tolist())
+def _gather_memory(trainer: Any) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """Every working rank's peak memory since the last report (`peak_memory_bytes` resets it) and, on CUDA, its
+    allocator's reserved bytes and the device memory in use beyond them (`device_memory_bytes`; () on CPU).
+    One all-reduce of a slot per rank into a tensor this rank owns (the output list of an all_gather could be
+    freed by a gloo thread during interpreter shutdown), over the plan's ranks only: idle ranks have left."""
+    from graphpipe.runtime.metrics import device_memory_bytes, peak_memory_bytes
+
+    world = trainer.plan.world_size
+    every = torch.zeros(3, world, dtype=torch.int64, device=trainer.device)
+    own = [peak_memory_bytes(trainer.device), *device_memory_bytes(trainer.device)]
+    every[:, trainer.rank] = torch.tensor(own, dtype=torch.int64, device=trainer.device)
+    trainer.transport.all_reduce_sum_(every, tuple(range(world)))
+    peaks, reserved, outside = (tuple(int(value) for value in row) for row in every.tolist())
+    if trainer.device.type != "cuda":
+        return peaks, (), ()
+    return peaks, reserved, outside
 
 
 def _progress(rank: int, start: int, total: int) -> Any:
@@ -469,7 +529,7 @@ def _progress(rank: int, start: int, total: int) -> Any:
 
 def _report(args: argparse.Namespace, bar: Any, metrics: Any) -> None:
     bar.set_postfix_str(metrics.short(), refresh=False)
-    bar.update(1)
+    bar.update(metrics.step - bar.n)
     if args.metrics_out:
         with open(args.metrics_out, "a") as handle:
             handle.write(json.dumps(metrics.to_dict()) + "\n")

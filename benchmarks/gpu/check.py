@@ -1,20 +1,22 @@
-"""GPU readiness check for graphpipe: the CUDA tests, NCCL training equal to one device, measured throughput.
+"""GPU readiness check for graphpipe: CUDA tests, multi-rank pipelines on the GPU(s) equal to one device,
+bf16, a CUDA profile, throughput against torch pipelining and on its own.
 
     bash benchmarks/gpu/run.sh                         # `make gpu-check`: finds the Python, installs, runs this
-    GPU_CHECK_ALLOW_CPU=1 bash benchmarks/gpu/run.sh   # rehearsal without CUDA: the same stages on gloo, small sizes
+    GPU_CHECK_ALLOW_CPU=1 bash benchmarks/gpu/run.sh   # rehearsal without CUDA: every stage on the CPU, small sizes
 
-Why a driver of its own: the multi-rank test harness (tests/dist/harness.py) always starts gloo groups
-on CPU tensors, so it cannot check NCCL. `python -m graphpipe.train` picks NCCL and cuda:LOCAL_RANK
-whenever CUDA is visible, so this driver launches `graphpipe train` (torchrun) on the GPUs and
-compares its losses with a single-device run of the same model, data and optimizer. NCCL needs a
-device per rank: with fewer GPUs than ranks it uses as many ranks as GPUs (one GPU: the single-rank
-NCCL path) and checks the multi-rank path on gloo with CUDA hidden.
+On one GPU the pipeline is tested with ranks that share it (`graphpipe train --share-gpu`: gloo, every
+message staged through host memory; NCCL refuses two ranks on one device): fork/join plans with a shared
+weight and a data-parallel stage in float64 against one device (`pipeline_check.py`), `graphpipe train` in
+fp32 and bf16 with a trace timed by CUDA events, and the throughput against torch pipelining on the same
+chain (`vs_torch.py`). With two or more GPUs the same fork/join plans run over NCCL, a GPU per rank; with
+one, the summary says "multi-rank NCCL: not tested".
 
-Every command runs under `timeout`, inside one overall budget (GPU_CHECK_BUDGET_S seconds from when
-run.sh started), so a hung process group costs one stage, not the session. Results go to
-benchmarks/gpu/results/<UTC stamp>-<mode>/ (GPU_CHECK_OUT overrides the parent folder): summary.json,
-summary.md, the cost tables, the pytest JUnit files and one log per command. Exit 0: every stage
-that ran passed; 1: a stage failed; 2: no CUDA (and no GPU_CHECK_ALLOW_CPU=1).
+Every command runs under `timeout`. The stages' limits add up to less than the budget (GPU_CHECK_BUDGET_S
+seconds from when run.sh started); a stage whose limit no longer fits in what is left is skipped and listed,
+never failed, so the check cannot fail on time alone. Results go to benchmarks/gpu/results/<UTC stamp>-<mode>/
+(GPU_CHECK_OUT overrides the parent folder): summary.json, summary.md, the cost tables, traces, the pytest
+JUnit files and one log per command. Exit 0: every stage that ran passed; 1: a stage failed; 2: no CUDA (and
+no GPU_CHECK_ALLOW_CPU=1).
 """
 
 from __future__ import annotations
@@ -46,16 +48,26 @@ REPO = Path(__file__).resolve().parents[2]
 ALLOW_CPU = os.environ.get("GPU_CHECK_ALLOW_CPU") == "1"
 BUDGET_S = float(os.environ.get("GPU_CHECK_BUDGET_S", "470"))  # ~8 minutes, install included
 RESERVE_S = 10.0  # kept back for writing the summary
-MIN_STAGE_S = 25.0  # a stage with less time left than this is skipped, not started
+INSTALL_ALLOWANCE_S = 15.0  # what run.sh's probe and install may take before this driver starts
 MAX_RANKS = 4
+SHARED_RANKS = 4  # ranks that share the GPU (dp_sink4 needs 4)
 EQUIVALENCE_STEPS = 5
+REFERENCE_S = 20.0  # what a stage keeps back for the single-device reference run
 EQUIVALENCE_LR = 0.01
+# fp32 on a GPU: the pipeline's GEMMs have other shapes than one device's, so cuBLAS may reduce in another
+# order; five Adam steps carry that into the losses. The float64 checks (pipeline_check.py) are the strict ones.
+GPU_FP32_RTOL = 1e-3
+BF16_RTOL = 5e-2  # bf16's first loss (no update yet) against fp32's: the rounding of bf16 matmuls alone
 PACKAGES = ("numpy", "matplotlib", "tqdm", "pytest", "hypothesis")
-CUDA_TEST = "test_profiles_on_cuda_without_moving_the_callers_model"
+# the CUDA tests: on a GPU each must pass, not be skipped
+CUDA_TESTS = ("test_profiles_on_cuda_without_moving_the_callers_model", "test_host_staging_on_cuda",
+              "test_cuda_clock_resolves_after_the_kernels")
+CUDA_TEST_FILES = ("tests/cost/test_profile.py", "tests/runtime/test_host_staging.py",
+                   "tests/runtime/test_action_clock.py")
+HERE = Path(__file__).resolve().parent
 # The planner imports numpy; rank 0 of `graphpipe.train` draws a tqdm bar, and the profiler opens one
 # (disabled) even with --no-progress: every stage needs both.
 NEEDS = ("numpy", "tqdm")
-HIDE_CUDA = {"CUDA_VISIBLE_DEVICES": ""}
 
 
 # ---- what runs ---------------------------------------------------------------------------------
@@ -93,6 +105,7 @@ class Context:
     out: Path
     start: float  # time.time() when run.sh started
     commands: list[tuple[str, str]] = field(default_factory=list)  # (stage, command as run)
+    references: dict[str, list[float] | None] = field(default_factory=dict)  # single-device losses, by device
 
     @property
     def ranks(self) -> int:
@@ -102,8 +115,9 @@ class Context:
         return max(1, min(self.gpus, wanted)) if self.cuda else max(1, wanted)
 
     @property
-    def gloo_ranks(self) -> int:
-        return MAX_RANKS if self.cuda else 3
+    def shared_ranks(self) -> int:
+        """Ranks of the runs that share the GPU (GPU_CHECK_SHARED_RANKS; default 4, on the CPU too)."""
+        return max(2, int(os.environ.get("GPU_CHECK_SHARED_RANKS", SHARED_RANKS)))
 
     @property
     def steps(self) -> int:
@@ -144,6 +158,7 @@ class Stage:
     run: StageFn
     limit_s: float
     needs: tuple[str, ...]
+    needs_gpus: int = 0  # on CUDA, skipped (and said) with fewer GPUs
 
 
 @dataclass(frozen=True)
@@ -239,32 +254,148 @@ def counts_text(counts: dict[str, int]) -> str:
 
 # ---- stages ------------------------------------------------------------------------------------
 def cuda_tests(ctx: Context, name: str, limit: float) -> StageResult:
-    """The profiler tests, which include the one CUDA test; on a GPU it must pass, not be skipped."""
-    ran = run_logged(ctx, name, name, pytest_argv(ctx, name, ["tests/cost/test_profile.py"]), limit)
+    """The profiler's, the host staging's and the CUDA clock's tests; on a GPU the CUDA ones must pass, not be
+    skipped."""
+    ran = run_logged(ctx, name, name, pytest_argv(ctx, name, list(CUDA_TEST_FILES)), limit)
     counts, status = junit_counts(ctx.out / f"{name}.xml")
-    cuda = status.get(CUDA_TEST, "not collected")
-    ok = ran.returncode == 0 and (cuda == "passed" or not ctx.cuda)
-    detail = f"{counts_text(counts)}; {CUDA_TEST}: {cuda}" + ("" if ok else f" ({ran.why()})")
+    cuda = {test: status.get(test, "not collected") for test in CUDA_TESTS}
+    ok = ran.returncode == 0 and (all(value == "passed" for value in cuda.values()) or not ctx.cuda)
+    shown = "; ".join(f"{test}: {value}" for test, value in cuda.items())
+    detail = f"{counts_text(counts)}; {shown}" + ("" if ok else f" ({ran.why()})")
     return StageResult(name=name, status="pass" if ok else "fail", detail=detail,
-                       data={"tests": counts, "cuda_test": cuda})
+                       data={"tests": counts, "cuda_tests": cuda})
 
 
-def train_equivalence(ctx: Context, name: str, limit: float, *, hide_cuda: bool) -> StageResult:
-    """`graphpipe train` losses equal single-device training of the same model, data and Adam steps."""
+def pipeline_equivalence(ctx: Context, name: str, limit: float, *, transport: str) -> StageResult:
+    """`pipeline_check.py`: fork/join plans with a shared weight and a data-parallel stage, in float64, equal to
+    one device. `shared`: the ranks share the GPU (gloo, host-staged); `nccl`: a GPU per rank (on the CPU
+    rehearsal: plain gloo, the same plumbing)."""
+    ranks = ctx.shared_ranks if transport == "shared" else ctx.ranks
+    used = transport if ctx.cuda or transport == "shared" else "gloo"
+    argv = [sys.executable, str(HERE / "pipeline_check.py"), "--transport", used, "--ranks", str(ranks),
+            "--device", ctx.device]
+    ran = run_logged(ctx, name, name, argv, limit)
+    report = _json_or_none(ran.stdout)
+    if report is None:
+        return StageResult(name=name, status="fail", detail=f"pipeline_check: {ran.why()}")
+    checks = report["checks"]
+    gap = max((check["max_rel_loss_diff"] for check in checks), default=math.inf)
+    runs = ", ".join(f"{check['scenario']}/{check['schedule']} ({check['ranks_used']} ranks)" for check in checks)
+    failed = [f"{check['scenario']}/{check['schedule']}: {'; '.join(check['problems'])}" for check in checks
+              if not check["passed"]]
+    where = f"{used}, {ranks} ranks on {ctx.device}{' (shared)' if transport == 'shared' else ''}"
+    data = {"transport": used, "ranks": ranks, "report": report}
+    if ran.returncode != 0 or failed or not checks:
+        detail = f"{where}: " + ("; ".join(failed) if failed else f"no scenario ran ({ran.why()})")
+        return StageResult(name=name, status="fail", detail=detail, data=data)
+    left = f"; left out: {', '.join(f'{k} ({v})' for k, v in report['left_out'].items())}" if report["left_out"] else ""
+    detail = f"{where}: {runs} equal one device in float64 (max rel loss diff {gap:.1e}){left}"
+    return StageResult(name=name, status="pass", detail=detail, data=data)
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def shared_gpu_train(ctx: Context, name: str, limit: float, *, dtype: str) -> StageResult:
+    """`graphpipe train --share-gpu`: a multi-rank graph plan of mmt tiny whose ranks share the GPU, its losses
+    against one device's (fp32: equal within GPU_FP32_RTOL; bf16: finite, the first within BF16_RTOL of fp32's), its
+    trace timed by CUDA events and the memory outside torch's allocator reported (on a GPU)."""
     end = time.time() + limit
-    on_gpu = ctx.cuda and not hide_cuda
-    ranks = ctx.gloo_ranks if hide_cuda else ctx.ranks
-    env = HIDE_CUDA if hide_cuda else None
+    ranks = ctx.shared_ranks
+    trace = ctx.out / f"trace-{name}"
+    extra = ["--share-gpu", "--use-all-devices", "--lr", str(EQUIVALENCE_LR), "--seed", "0", "--log-every", "1",
+             "--dtype", dtype, "--trace", str(trace)]
+    ran = run_logged(ctx, name, name, train_argv(TINY, ranks, EQUIVALENCE_STEPS, *extra), _train_limit(ctx, end))
+    if ran.returncode != 0:
+        return StageResult(name=name, status="fail", detail=f"graphpipe train --share-gpu: {ran.why()}")
+    report = json.loads(ran.stdout)
+    rows = report["steps"]
+    losses = [row["loss"] for row in rows]
+    reference = _reference(ctx, name, end - time.time())
+    clock = _trace_clock(trace)
+    outside = max((max(row.get("outside_allocator_bytes") or [0]) for row in rows), default=0)
+    data: dict[str, Any] = {"backend": "gloo, host-staged", "ranks": ranks, "world_size": report["world_size"],
+                            "num_stages": report["num_stages"], "dtype": dtype, "losses": losses,
+                            "reference": reference, "trace_clock": clock, "outside_allocator_bytes_max": outside,
+                            "trace": str(trace)}
+    problems = []
+    if ctx.cuda and clock != "CUDA events":
+        problems.append(f"the trace's clock is {clock!r}, not CUDA events")
+    if ctx.cuda and outside <= 0:
+        problems.append("no device memory reported outside torch's allocator (the CUDA context alone has some)")
+    if dtype == "fp32":
+        result = _judge_equivalence(name, data, rtol=GPU_FP32_RTOL if ctx.cuda else 1e-5, multi_rank=True)
+    else:
+        result = _judge_bf16(name, data)
+    if problems:
+        result.status, result.detail = "fail", f"{result.detail}; {'; '.join(problems)}"
+    elif ctx.cuda:
+        result.detail += f"; trace by {clock}; {outside / 2**20:.0f} MiB outside torch's allocator"
+    return result
+
+
+def _train_limit(ctx: Context, end: float) -> float:
+    """The training command's share of a stage that ends at `end`: all of it once the reference is known,
+    else all but REFERENCE_S for computing it."""
+    return end - time.time() - (2 if ctx.device in ctx.references else REFERENCE_S)
+
+
+def _reference(ctx: Context, name: str, limit: float) -> list[float] | None:
+    """The single-device fp32 losses on this machine's device, computed once."""
+    device = ctx.device
+    if device not in ctx.references:
+        ctx.references[device] = reference_via_subprocess(ctx, name, device, limit, None)
+    return ctx.references[device]
+
+
+def _trace_clock(folder: Path) -> str | None:
+    try:
+        return json.loads((folder / "rank_0.json").read_text())["otherData"].get("clock")
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _judge_bf16(name: str, data: dict[str, Any]) -> StageResult:
+    losses, reference = data["losses"], data["reference"]
+    where = f"{data['backend']}, plan on {data['world_size']}/{data['ranks']} ranks, {data['num_stages']} stage(s)"
+    if reference is None:
+        return StageResult(name=name, status="fail", detail="the single-device reference run failed", data=data)
+    first = abs(losses[0] - reference[0]) / max(abs(reference[0]), 1e-12) if losses else math.inf
+    data["first_loss_rel_diff"] = first
+    data["max_rel_diff"] = max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, reference)), default=math.inf)
+    problems = []
+    if len(losses) != len(reference) or not all(math.isfinite(loss) for loss in losses):
+        problems.append(f"{len(losses)} losses, finite: {all(math.isfinite(loss) for loss in losses)}")
+    if first > BF16_RTOL:
+        problems.append(f"the first loss differs from fp32's by {first:.2e} (tolerance {BF16_RTOL:g})")
+    if data["world_size"] < 2:
+        problems.append("the plan uses a single rank")
+    if problems:
+        return StageResult(name=name, status="fail", detail=f"{where}: {'; '.join(problems)}", data=data)
+    return StageResult(name=name, status="pass", data=data,
+                       detail=f"{where}: bf16, {len(losses)} finite losses, the first {first:.1e} from fp32's "
+                              f"(then up to {data['max_rel_diff']:.1e} as the runs drift apart)")
+
+
+def train_equivalence(ctx: Context, name: str, limit: float) -> StageResult:
+    """`graphpipe train` over NCCL, a GPU per rank (one GPU: one rank), losses equal single-device training of the
+    same model, data and Adam steps; on the CPU rehearsal the same over gloo."""
+    end = time.time() + limit
+    ranks = ctx.ranks
     extra = ["--lr", str(EQUIVALENCE_LR), "--seed", "0", *(["--use-all-devices"] if ranks > 1 else [])]
-    ran = run_logged(ctx, name, name, train_argv(TINY, ranks, EQUIVALENCE_STEPS, *extra), end - time.time() - 30, env)
+    ran = run_logged(ctx, name, name, train_argv(TINY, ranks, EQUIVALENCE_STEPS, *extra), _train_limit(ctx, end))
     if ran.returncode != 0:
         return StageResult(name=name, status="fail", detail=f"graphpipe train: {ran.why()}")
     report = json.loads(ran.stdout)
     losses = [row["loss"] for row in report["steps"]]
-    reference = reference_via_subprocess(ctx, name, "cuda" if on_gpu else "cpu", end - time.time(), env)
-    data: dict[str, Any] = {"backend": "nccl" if on_gpu else "gloo", "ranks": ranks, "world_size": report["world_size"],
-                            "num_stages": report["num_stages"], "losses": losses, "reference": reference}
-    return _judge_equivalence(name, data, rtol=1e-4 if on_gpu else 1e-5, multi_rank=ranks > 1)
+    data: dict[str, Any] = {"backend": "nccl" if ctx.cuda else "gloo", "ranks": ranks,
+                            "world_size": report["world_size"], "num_stages": report["num_stages"], "losses": losses,
+                            "reference": _reference(ctx, name, end - time.time())}
+    return _judge_equivalence(name, data, rtol=GPU_FP32_RTOL if ctx.cuda else 1e-5, multi_rank=ranks > 1)
 
 
 def reference_via_subprocess(ctx: Context, name: str, device: str, limit: float,
@@ -297,6 +428,26 @@ def _judge_equivalence(name: str, data: dict[str, Any], *, rtol: float, multi_ra
     return StageResult(name=name, status="pass", detail=detail, data=data)
 
 
+def vs_torch(ctx: Context, name: str, limit: float, *, workload: Workload) -> StageResult:
+    """`vs_torch.py`: graphpipe and torch pipelining on the same chain, micro-batches and schedule, the ranks
+    sharing the GPU, interleaved rounds; the samples/s of each and their ratio (a figure, not a pass mark)."""
+    rounds, iters = (5, 4) if ctx.cuda else (2, 2)
+    argv = [sys.executable, str(HERE / "vs_torch.py"), "--device", ctx.device, "--ranks", str(ctx.shared_ranks),
+            "--batch", str(workload.batch), "--options", json.dumps(workload.options), "--rounds", str(rounds),
+            "--iters", str(iters)]
+    ran = run_logged(ctx, name, name, argv, limit)
+    report = _json_or_none(ran.stdout)
+    if ran.returncode != 0 or report is None:
+        return StageResult(name=name, status="fail", detail=f"vs_torch: {ran.why()}")
+    rates = report["samples_per_s"]
+    detail = (f"{report['ranks']} ranks sharing {ctx.device}, {report['micro_batches']} micro-batches of "
+              f"{report['batch'] // report['micro_batches']}, 1F1B: graphpipe {rates['graphpipe']['median']:.0f} "
+              f"samples/s, torch pipelining {rates['torch-pipelining']['median']:.0f} samples/s: "
+              f"{report['ratio_graphpipe_to_torch']:.2f}x (median of {rounds} rounds)")
+    return StageResult(name=name, status="pass", detail=detail, data={"workload": dataclasses.asdict(workload),
+                                                                      "report": report})
+
+
 def profile_ops(ctx: Context, name: str, limit: float, *, workload: Workload) -> StageResult:
     """`graphpipe profile` on the device: every op's measured forward and backward."""
     costs = ctx.out / f"costs-{workload.name}.json"
@@ -312,13 +463,17 @@ def profile_ops(ctx: Context, name: str, limit: float, *, workload: Workload) ->
               f"{largest.get('micro_batch_size')}: fwd {largest.get('fwd_ms', 0):.3f} ms, "
               f"bwd {largest.get('bwd_ms', 0):.3f} ms")
     data = {"device": summary.get("device"), "totals": totals, "top_ops": summary.get("top_ops", [])[:5],
-            "cost_table": str(costs)}
-    return StageResult(name=name, status="pass", detail=detail, data=data)
+            "cost_table": str(costs), "timed_by": summary.get("timed_by")}
+    if ctx.cuda and data["timed_by"] != "CUDA events":
+        return StageResult(name=name, status="fail", detail=f"{detail}; timed by {data['timed_by']}, not CUDA events",
+                           data=data)
+    return StageResult(name=name, status="pass", detail=f"{detail}; timed by {data['timed_by']}", data=data)
 
 
 def throughput(ctx: Context, name: str, limit: float, *, workload: Workload, dtype: str) -> StageResult:
     """`graphpipe train` for ctx.steps steps; median and spread of the step times after the warm-up."""
-    ran = run_logged(ctx, name, name, train_argv(workload, ctx.ranks, ctx.steps, "--dtype", dtype), limit)
+    ran = run_logged(ctx, name, name, train_argv(workload, ctx.ranks, ctx.steps, "--dtype", dtype, "--log-every", "1"),
+                     limit)
     if ran.returncode != 0:
         return StageResult(name=name, status="fail", detail=f"graphpipe train: {ran.why()}")
     report = json.loads(ran.stdout)
@@ -354,32 +509,26 @@ def _simulated_ms(rows: list[dict[str, Any]]) -> float | None:
     return simulated * 1e3 if simulated else None
 
 
-def dist_suite(ctx: Context, name: str, limit: float) -> StageResult:
-    """tests/dist, the multi-process suite, with CUDA hidden: it is written for gloo ranks on CPU, and its
-    `graphpipe train` tests start more ranks than a one-GPU machine has devices for NCCL."""
-    ran = run_logged(ctx, name, name, pytest_argv(ctx, name, ["tests/dist"]), limit, HIDE_CUDA)
-    counts, _ = junit_counts(ctx.out / f"{name}.xml")
-    ok = ran.returncode == 0 and counts["passed"] > 0
-    detail = counts_text(counts) + ("" if ok else f" ({ran.why()})")
-    return StageResult(name=name, status="pass" if ok else "fail", detail=detail, data={"tests": counts})
-
-
 def plan_stages(ctx: Context) -> list[Stage]:
-    """In priority order: when the budget runs out, the stages at the end are the ones skipped."""
+    """In priority order; the limits add up to less than the budget (`planned_seconds`)."""
     medium = MEDIUM if ctx.cuda else MEDIUM_ON_CPU
     return [
-        Stage("cuda-tests", cuda_tests, 120, ("pytest", *NEEDS)),
-        Stage("nccl-train", partial(train_equivalence, hide_cuda=False), 150, NEEDS),
-        Stage("gloo-train", partial(train_equivalence, hide_cuda=True), 120, NEEDS),
-        Stage(f"profile-{TINY.name}", partial(profile_ops, workload=TINY), 90, NEEDS),
-        Stage(f"throughput-{TINY.name}-fp32", partial(throughput, workload=TINY, dtype="fp32"), 120, NEEDS),
-        Stage(f"throughput-{medium.name}-fp32", partial(throughput, workload=medium, dtype="fp32"), 150,
-              NEEDS),
-        Stage(f"throughput-{medium.name}-bf16", partial(throughput, workload=medium, dtype="bf16"), 150,
-              NEEDS),
-        Stage(f"profile-{medium.name}", partial(profile_ops, workload=medium), 120, NEEDS),
-        Stage("dist-suite", dist_suite, 240, ("pytest", *NEEDS)),
+        Stage("cuda-tests", cuda_tests, 40, ("pytest", *NEEDS)),
+        Stage("shared-gpu-pipeline", partial(pipeline_equivalence, transport="shared"), 65, NEEDS),
+        Stage("shared-gpu-train-fp32", partial(shared_gpu_train, dtype="fp32"), 60, NEEDS),
+        Stage("shared-gpu-train-bf16", partial(shared_gpu_train, dtype="bf16"), 40, NEEDS),
+        Stage("nccl-pipeline", partial(pipeline_equivalence, transport="nccl"), 50, NEEDS, needs_gpus=2),
+        Stage("nccl-train", train_equivalence, 40, NEEDS),
+        Stage("vs-torch-pipelining", partial(vs_torch, workload=medium), 60, NEEDS),
+        Stage(f"profile-{medium.name}", partial(profile_ops, workload=medium), 30, NEEDS),
+        Stage(f"throughput-{medium.name}-fp32", partial(throughput, workload=medium, dtype="fp32"), 30, NEEDS),
+        Stage(f"throughput-{medium.name}-bf16", partial(throughput, workload=medium, dtype="bf16"), 30, NEEDS),
     ]
+
+
+def planned_seconds(stages: list[Stage]) -> float:
+    """What the stages may take at most, with run.sh's install and the summary's reserve."""
+    return INSTALL_ALLOWANCE_S + sum(stage.limit_s for stage in stages) + RESERVE_S
 
 
 def run_stage(ctx: Context, stage: Stage, only: set[str]) -> StageResult:
@@ -388,7 +537,7 @@ def run_stage(ctx: Context, stage: Stage, only: set[str]) -> StageResult:
     if skip:
         say(ctx, f"{stage.name}: SKIP ({skip})")
         return StageResult(name=stage.name, status="skip", detail=skip)
-    limit = min(stage.limit_s, ctx.left())
+    limit = stage.limit_s
     say(ctx, f"{stage.name}: start (limit {limit:.0f} s)")
     started = time.time()
     try:
@@ -407,8 +556,11 @@ def _skip_reason(ctx: Context, stage: Stage, only: set[str]) -> str | None:
     missing = [name for name in stage.needs if name in ctx.missing]
     if missing:
         return f"needs {', '.join(missing)}, which this Python lacks"
-    if ctx.left() < MIN_STAGE_S:
-        return f"time budget spent ({BUDGET_S:.0f} s)"
+    if ctx.cuda and ctx.gpus < stage.needs_gpus:
+        return f"needs {stage.needs_gpus} GPUs, this machine has {ctx.gpus}: multi-rank NCCL: not tested"
+    if ctx.left() < stage.limit_s:  # started, it could be cut short by the budget: listed instead
+        return (f"does not fit the time budget: its limit is {stage.limit_s:.0f} s, {max(ctx.left(), 0):.0f} s "
+                f"are left of GPU_CHECK_BUDGET_S={BUDGET_S:.0f}")
     return None
 
 
@@ -423,7 +575,7 @@ def environment(ctx: Context) -> dict[str, Any]:
     return {"mode": "cuda" if ctx.cuda else "cpu-rehearsal (GPU_CHECK_ALLOW_CPU=1)", "host": platform.node(),
             "python": sys.executable, "python_version": platform.python_version(), "torch": torch.__version__,
             "cuda": torch.version.cuda, "nccl": _nccl_version(), "gpus": gpus, "device_ranks": ctx.ranks,
-            "gloo_ranks": ctx.gloo_ranks, "cpu_count": os.cpu_count(), "missing_packages": sorted(ctx.missing),
+            "shared_ranks": ctx.shared_ranks, "cpu_count": os.cpu_count(), "missing_packages": sorted(ctx.missing),
             "install": os.environ.get("GPU_CHECK_INSTALL", "not run through run.sh"), "nvidia_smi": _nvidia_smi(),
             "budget_s": BUDGET_S}
 
@@ -452,10 +604,22 @@ def write_summary(ctx: Context, env: dict[str, Any], results: list[StageResult],
     counts = {status: sum(r.status == status for r in results) for status in ("pass", "fail", "skip")}
     summary = {"started_utc": dt.datetime.fromtimestamp(ctx.start, dt.timezone.utc).isoformat(timespec="seconds"),
                "wall_s": round(ctx.elapsed(), 1), "exit_code": exit_code, "environment": env, "stages": counts,
-               "tests": tests, "results": [dataclasses.asdict(r) for r in results]}
+               "tests": tests, "multi_rank_nccl": multi_rank_nccl(ctx, results),
+               "skipped": {r.name: r.detail for r in results if r.status == "skip"},
+               "results": [dataclasses.asdict(r) for r in results]}
     (ctx.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (ctx.out / "summary.md").write_text(render_markdown(summary))
     return ctx.out / "summary.md"
+
+
+def multi_rank_nccl(ctx: Context, results: list[StageResult]) -> str:
+    """Whether NCCL ran between several ranks (nccl-pipeline), in words for the summary."""
+    stage = next((r for r in results if r.name == "nccl-pipeline"), None)
+    if not ctx.cuda:
+        return "not tested (CPU rehearsal: the nccl stages ran over gloo)"
+    if stage is None or stage.status == "skip":
+        return f"not tested ({stage.detail.split(':', 1)[0] if stage else 'no such stage'}; {ctx.gpus} GPU(s))"
+    return f"tested, {stage.data.get('ranks', '?')} ranks: {stage.status}"
 
 
 def render_markdown(summary: dict[str, Any]) -> str:
@@ -465,12 +629,16 @@ def render_markdown(summary: dict[str, Any]) -> str:
              f"- mode: {env['mode']}; exit code {summary['exit_code']}; wall {summary['wall_s']} s",
              f"- torch {env['torch']}, CUDA {env['cuda']}, NCCL {env['nccl']}; Python {env['python_version']} "
              f"({env['python']})",
-             f"- GPUs: {gpus}; ranks on the device: {env['device_ranks']}, gloo ranks: {env['gloo_ranks']}",
+             f"- GPUs: {gpus}; NCCL ranks (a GPU each): {env['device_ranks']}, ranks sharing a GPU: "
+             f"{env['shared_ranks']}",
+             f"- multi-rank NCCL: {summary['multi_rank_nccl']}",
              f"- graphpipe: {env['install']}; missing packages: {', '.join(env['missing_packages']) or 'none'}",
              f"- stages: {summary['stages']['pass']} passed, {summary['stages']['fail']} failed, "
              f"{summary['stages']['skip']} skipped; tests: {counts_text(summary['tests'])}", "",
              "| stage | result | seconds | detail |", "|---|---|---|---|"]
     lines += [f"| {r['name']} | {r['status']} | {r['seconds']:.1f} | {r['detail']} |" for r in results]
+    if summary["skipped"]:
+        lines += ["", "Skipped (not failed): " + "; ".join(f"{k}: {v}" for k, v in summary["skipped"].items())]
     lines += _throughput_table(results)
     lines += ["", "## Commands", ""]
     lines += [f"- {r['name']}: `{command}`" for r in results for command in r["commands"]]
@@ -526,16 +694,19 @@ def check_main() -> int:
     exit_code = 1 if any(r.status == "fail" for r in results) else 0
     path = write_summary(ctx, env, results, exit_code)
     counts = {status: sum(r.status == status for r in results) for status in ("pass", "fail", "skip")}
-    say(ctx, f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped; summary: {path}")
+    skipped = [r.name for r in results if r.status == "skip"]
+    say(ctx, f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped"
+             f"{' (' + ', '.join(skipped) + ')' if skipped else ''}; multi-rank NCCL: "
+             f"{multi_rank_nccl(ctx, results)}; summary: {path}")
     return exit_code
 
 
 def _announce(ctx: Context, env: dict[str, Any]) -> None:
     gpus = ", ".join(g["name"] for g in env["gpus"]) or "none"
     say(ctx, f"{env['mode']}: torch {env['torch']}, CUDA {env['cuda']}, NCCL {env['nccl']}, GPUs: {gpus}")
-    if ctx.cuda and ctx.gpus < MAX_RANKS:
-        say(ctx, f"{ctx.gpus} GPU(s): NCCL runs use {ctx.ranks} rank(s), one per GPU; the multi-rank path is "
-                 f"checked on gloo ({ctx.gloo_ranks} ranks, CUDA hidden)")
+    if ctx.cuda and ctx.gpus < 2:
+        say(ctx, f"1 GPU: the pipelines run {ctx.shared_ranks} ranks sharing it (gloo, host-staged); NCCL runs one "
+                 "rank: multi-rank NCCL: not tested")
     for name in sorted(ctx.missing):
         say(ctx, f"missing package: {name}; the stages that need it are skipped" +
             (" (tests run with --noconftest)" if name == "hypothesis" else ""))

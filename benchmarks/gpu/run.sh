@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # graphpipe GPU readiness check (`make gpu-check`): pick a Python whose torch sees CUDA, make graphpipe
-# importable without any package index, then run benchmarks/gpu/check.py (CUDA tests, NCCL training equal
-# to one device, throughput; results under benchmarks/gpu/results/). Exit 2 without CUDA, 1 if a check failed.
+# importable without any package index, then run benchmarks/gpu/check.py (CUDA tests, multi-rank pipelines on
+# the GPU(s) equal to one device, bf16, a CUDA profile, throughput against torch pipelining; results under
+# benchmarks/gpu/results/). Exit 2 without CUDA, 1 if a check failed; stages that do not fit are skipped.
 #   bash benchmarks/gpu/run.sh                        # PYTHON=/path/to/python chooses the interpreter
 #   GPU_CHECK_ALLOW_CPU=1 bash benchmarks/gpu/run.sh  # rehearse every stage on CPU (gloo, small sizes)
 set -uo pipefail

@@ -1,9 +1,7 @@
 """Measure what a per-op profile cannot see, for the simulator's `local-cpu` model of this machine.
 
-- `measure_link()`: gloo point-to-point over loopback between two single-threaded processes, a
-  ping-pong of small and large tensors: latency = half the small round trip; bandwidth = large
-  bytes / (half the large round trip - latency). Round trips are summarised by their lower
-  quartile, because other processes on the machine only ever delay them.
+- `measure_link()`: gloo point-to-point over loopback between two single-threaded processes
+  (`graphpipe.runtime.loopback`).
 - `measure_overheads(...)`: in one process (one thread), run a plan's stage modules in
   topological order on one micro-batch, time each stage's forward (the stage GraphModule call),
   backward (one `torch.autograd.backward`) and Adam step, and subtract what the measured per-op
@@ -17,77 +15,21 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import statistics
 import time
-import traceback
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
-
-SMALL_FLOATS, LARGE_FLOATS = 256, 4 * 2**20  # 1 KiB and 16 MiB of float32
-SMALL_REPS, LARGE_REPS = 200, 8
 
 
 # ---- link ----------------------------------------------------------------------------------------
-def _round_trip_s(rank: int, numel: int, reps: int) -> float:
-    buf = torch.zeros(numel)
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        if rank == 0:
-            dist.send(buf, 1)
-            dist.recv(buf, 1)
-        else:
-            dist.recv(buf, 0)
-            dist.send(buf, 0)
-        times.append(time.perf_counter() - start)
-    return _lower_quartile(times)  # leaves out round trips another process delayed
-
-
-def _ping_main(rank: int, port: int, out: Any) -> None:
-    torch.set_num_threads(1)
-    try:
-        store = dist.TCPStore("127.0.0.1", port, 3, is_master=False, timeout=timedelta(seconds=60))
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=60))
-        _round_trip_s(rank, SMALL_FLOATS, 20)  # warm-up: connections, allocations
-        small = _round_trip_s(rank, SMALL_FLOATS, SMALL_REPS)
-        large = _round_trip_s(rank, LARGE_FLOATS, LARGE_REPS)
-        if rank == 0:
-            out.put(("ok", (small, large)))
-        dist.destroy_process_group()
-    except BaseException:
-        out.put(("error", traceback.format_exc()))
-
-
 def measure_link(tries: int = 3) -> dict[str, float]:
-    """Loopback gloo latency (us, one way) and bandwidth (GB/s) between two single-threaded processes: the
-    quietest of `tries` ping-pongs (another process that wakes up meanwhile only makes them slower)."""
-    return min((_ping_pong() for _ in range(tries)), key=lambda link: link["latency_us"])
+    """Loopback gloo latency (us, one way) and bandwidth (GB/s) between two single-threaded processes
+    (`graphpipe.runtime.loopback.measure_link`)."""
+    from graphpipe.runtime.loopback import measure_link as measured
 
-
-def _ping_pong() -> dict[str, float]:
-    ctx = mp.get_context("spawn")
-    store = dist.TCPStore("127.0.0.1", 0, 3, is_master=True, wait_for_workers=False)
-    queue: Any = ctx.Queue()
-    procs = [ctx.Process(target=_ping_main, args=(r, store.port, queue)) for r in range(2)]
-    for proc in procs:
-        proc.start()
-    kind, payload = queue.get(timeout=300)
-    for proc in procs:
-        proc.join()
-    if kind == "error":
-        raise RuntimeError(f"ping-pong failed:\n{payload}")
-    small_s, large_s = payload
-    latency_s = small_s / 2
-    large_bytes = LARGE_FLOATS * 4
-    bandwidth = large_bytes / max(large_s / 2 - latency_s, 1e-9)
-    return {"latency_us": latency_s * 1e6, "bandwidth_gb_per_s": bandwidth / 1e9,
-            "small_round_trip_us": small_s * 1e6, "large_round_trip_ms": large_s * 1e3,
-            "small_bytes": SMALL_FLOATS * 4, "large_bytes": large_bytes}
+    return measured(tries).to_dict()
 
 
 # ---- per-action overheads ------------------------------------------------------------------------

@@ -3,10 +3,13 @@
     .venv/bin/python benchmarks/sim_gap/run.py                  # 3 rounds: results.json, a table per round
     .venv/bin/python benchmarks/sim_gap/run.py --rounds 1 --steps 30 --only mmt
 
-Each case runs `graphpipe train --json` as a user would (it plans on `local-cpu` with analytic `cpu` costs,
-then trains on gloo workers) and compares the median iteration of the steps after the first five with the
-simulated iteration the run reports; every case once per round, rounds one after the other, so that the
-rounds show how much the measurement itself moves between runs. Run it on a quiet machine: it times the CPU.
+First `graphpipe calibrate` measures this host into a folder of its own (the user's kept calibration is
+neither read nor changed). Then each case runs `graphpipe train --json` as a user would, twice: with the
+`local-cpu` preset as shipped (analytic `cpu` costs) and with this host calibrated (the same command, the
+calibration's folder as `GRAPHPIPE_CACHE_DIR`). It plans on `local-cpu`, trains on gloo workers, and the
+median iteration of the steps after the first five is compared with the simulated iteration the run reports;
+every case once per round, rounds one after the other, so that the rounds show how much the measurement
+itself moves between runs. Run it on a quiet machine: it times the CPU.
 """
 
 from __future__ import annotations
@@ -17,8 +20,11 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
+
+from graphpipe.cost.host_cache import CACHE_ENV
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -32,11 +38,15 @@ CASES: dict[str, list[str]] = {  # name -> `graphpipe train` options
 }
 
 
-def measure(options: list[str], steps: int) -> dict[str, Any]:
+def graphpipe(argv: list[str], cache: str) -> subprocess.CompletedProcess[str]:
+    """`graphpipe ARGV` with `cache` as the host cache folder."""
+    return subprocess.run([sys.executable, "-m", "graphpipe.cli.main", *argv], capture_output=True, text=True,
+                          timeout=900, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", CACHE_ENV: cache})
+
+
+def measure(options: list[str], steps: int, cache: str) -> dict[str, Any]:
     """Median, min and max measured iteration (ms) after the warm-up, the simulated one, their ratio."""
-    argv = [sys.executable, "-m", "graphpipe.cli.main", "train", *options, "--steps", str(steps), "--json"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=ROOT,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = graphpipe(["train", *options, "--steps", str(steps), "--json"], cache)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(options)} failed: {done.stderr[-2000:]}")
     report = json.loads(done.stdout)
@@ -58,20 +68,30 @@ def main() -> None:
     parser.add_argument("--out", default=str(HERE / "results.json"))
     args = parser.parse_args()
     chosen = [name for name in CASES if not args.only or name in args.only.split(",")]
-    rounds = []
-    for _ in range(args.rounds):
-        rounds.append({name: {"options": CASES[name], **measure(CASES[name], args.steps)} for name in chosen})
-        print(render(rounds[-1]), flush=True)
-    Path(args.out).write_text(json.dumps({"steps": args.steps, "warm_up": WARM_UP, "rounds": rounds}, indent=1))
+    with tempfile.TemporaryDirectory() as calibrated, tempfile.TemporaryDirectory() as shipped:
+        done = graphpipe(["calibrate", "--json"], calibrated)
+        if done.returncode != 0:
+            raise RuntimeError(f"graphpipe calibrate failed: {done.stderr[-2000:]}")
+        calibration = json.loads(done.stdout)
+        print(f"calibrated: {calibration['details']['host']}", flush=True)
+        rounds = []
+        for _ in range(args.rounds):
+            rounds.append({f"{name} {label}": {"options": CASES[name], "costs": label,
+                                               **measure(CASES[name], args.steps, cache)}
+                           for name in chosen for label, cache in (("shipped", shipped), ("calibrated", calibrated))})
+            print(render(rounds[-1]), flush=True)
+    Path(args.out).write_text(json.dumps({"steps": args.steps, "warm_up": WARM_UP, "calibration": calibration,
+                                          "rounds": rounds}, indent=1))
 
 
 def render(results: dict[str, dict[str, Any]]) -> str:
-    lines = [f"{'case':8} {'ranks':>5} {'measured ms (median [min, max])':>32} {'simulated ms':>13} {'error':>7}"]
+    lines = [f"{'case':18} {'ranks':>5} {'measured ms (median [min, max])':>32} {'simulated ms':>13} {'error':>7}"]
     for name, row in results.items():
         spread = f"{row['measured_median_ms']:.2f} [{row['measured_min_ms']:.2f}, {row['measured_max_ms']:.2f}]"
-        lines.append(f"{name:8} {row['world_size']:>5} {spread:>32} {row['simulated_ms']:>13.2f} "
+        lines.append(f"{name:18} {row['world_size']:>5} {spread:>32} {row['simulated_ms']:>13.2f} "
                      f"{row['error']:>+7.0%}")
     return "\n".join(lines)
+
 
 if __name__ == "__main__":
     main()

@@ -40,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "runtime"))
 
 from bench_runtime import TERMS, calibrated_device, join_group, predict, spawn_ranks, timed_round  # noqa: E402
-from calibrate_host import measure_executor_overheads, measure_link, measure_overheads  # noqa: E402
+from calibrate_host import measure_executor_overheads, measure_overheads  # noqa: E402
 
 from graphpipe.stages.stage_graph import Plan  # noqa: E402
 
@@ -55,10 +55,28 @@ MODELS: dict[str, dict[str, Any]] = {
 
 
 # ---- calibration and candidates (parent process) -------------------------------------------------
-def prepare(name: str, link: dict[str, float]) -> dict[str, Any]:
+def calibrate_host() -> dict[str, Any]:
+    """`graphpipe calibrate --json` as a user runs it, into a folder of its own (the user's kept calibration is
+    neither read nor changed): its reference model is none of the candidates' models."""
+    import subprocess
+    import tempfile
+
+    from graphpipe.cost.host_cache import CACHE_ENV
+
+    with tempfile.TemporaryDirectory() as folder:
+        done = subprocess.run([sys.executable, "-m", "graphpipe.cli.main", "calibrate", "--json"], capture_output=True,
+                              text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1", CACHE_ENV: folder})
+    if done.returncode != 0:
+        raise RuntimeError(f"graphpipe calibrate failed: {done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def prepare(name: str, ping: dict[str, float], calibration: dict[str, Any] | None = None) -> dict[str, Any]:
     from graphpipe.cost.analytic import analytic_costs
     from graphpipe.cost.calibrate import fit_device
     from graphpipe.cost.cluster import Cluster, Link
+    from graphpipe.cost.host_calibration import HostCalibration
     from graphpipe.cost.profile import profile
     from graphpipe.graph.capture import capture
     from graphpipe.models import load_model
@@ -69,23 +87,38 @@ def prepare(name: str, link: dict[str, float]) -> dict[str, Any]:
     measured = profile(graph, zoo.model, SIZES, example_inputs=zoo.inputs, num_threads=1, progress=False)
     fit = fit_device(graph, measured)
     costs = analytic_costs(graph, fit.device, micro_batch_sizes=SIZES)
-    loopback = Link(name="gloo-loopback-measured", latency_us=link["latency_us"],
-                    bandwidth_gb_per_s=link["bandwidth_gb_per_s"])
+    loopback = Link(name="gloo-loopback-measured", latency_us=ping["latency_us"],
+                    bandwidth_gb_per_s=ping["bandwidth_gb_per_s"])
     plain = dataclasses.replace(Cluster.preset("local-cpu", WORLD), device=fit.device, cores_per_node=None)
+    # one-process calibration: the executor's overheads on one rank, the ops as profiled alone
     probe = plan(graph, costs, plain, BATCH, planner="sequential", micro_batch_sizes=[8])
     overheads = measure_overheads(zoo.model, zoo.inputs, zoo.targets, zoo.loss_fn, probe, measured, 8)
     whole = plan(graph, costs, plain.with_devices(1), BATCH, planner="sequential", micro_batch_sizes=[1])
     overheads["executor"] = measure_executor_overheads(
         load_model(name, "tiny", batch_size=BATCH, seed=0, **MODELS[name]).model, zoo.inputs, zoo.targets,
         zoo.loss_fn, whole, measured)
-    cluster = dataclasses.replace(plain, device=calibrated_device(fit.device, overheads), intra_node=loopback,
-                                  inter_node=loopback, cores_per_node=os.cpu_count() or 1)
-    tables = {"measured": measured, "fitted": costs}
+    one = dataclasses.replace(plain, device=calibrated_device(fit.device, overheads), intra_node=loopback,
+                              inter_node=loopback, cores_per_node=os.cpu_count() or 1)
+    # this host as `graphpipe calibrate` measured it (its reference model is none of these): the compute scale
+    # and overheads of ranks running a pipeline, or of one rank alone for a plan that leaves the other idle,
+    # on this model's profile; its links
+    calibration = calibration or calibrate_host()
+    link, collective = Link.from_dict(calibration["link"]), Link.from_dict(calibration["collective"])
+    hosts = {world: HostCalibration(**calibration["details"]["host" if world > 1 else "host_single"])
+             for world in (1, WORLD)}
+    clusters = {world: dataclasses.replace(one, device=host.device(fit.device), intra_node=link, inter_node=link,
+                                           collective=collective) for world, host in hosts.items()}
+    tables = {world: {"measured": host.costs(measured), "fitted": costs} for world, host in hosts.items()}
+    one_tables = {"measured": measured, "fitted": costs}
     rows = [{"plan": candidate.to_dict(), "label": label(candidate),
-             "simulated_s": predict(candidate, tables, cluster, fit.device, TERMS)}
+             "simulated_s": predict(candidate, tables[min(candidate.world_size, WORLD)],
+                                    clusters[min(candidate.world_size, WORLD)], fit.device, TERMS),
+             "simulated_one_process_s": predict(candidate, one_tables, one, fit.device, TERMS)}
             for candidate in candidates(graph, costs, plain)]
-    return {"model": name, "options": MODELS[name], "calibration": str(fit), "cluster": cluster.to_dict(),
-            "overheads": overheads, "candidates": rows, "measured_table": measured}
+    host, cluster = hosts[WORLD], clusters[WORLD]
+    return {"model": name, "options": MODELS[name], "calibration": str(fit), "host": host.to_dict(),
+            "cluster": cluster.to_dict(), "one_process_cluster": one.to_dict(), "overheads": overheads,
+            "candidates": rows, "measured_table": tables[WORLD]["measured"]}
 
 
 def candidates(graph: Any, costs: Any, cluster: Any) -> list[Plan]:
@@ -184,14 +217,17 @@ def summarise(item: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
         median = statistics.median(seconds)
         rows.append({"label": row["label"], "simulated_ms": row["simulated_s"] * 1e3, "measured_ms": median * 1e3,
                      "measured_min_ms": min(seconds) * 1e3, "measured_max_ms": max(seconds) * 1e3,
-                     "error": row["simulated_s"] / median - 1, "other_load": other, "plan": row["plan"]})
+                     "error": row["simulated_s"] / median - 1,
+                     "one_process_error": row["simulated_one_process_s"] / median - 1,
+                     "other_load": other, "plan": row["plan"]})
     simulated = [r["simulated_ms"] for r in rows]
     actual = [r["measured_ms"] for r in rows]
     sim_best = min(range(len(rows)), key=simulated.__getitem__)
     real_best = min(range(len(rows)), key=actual.__getitem__)
     return {"model": item["model"], "options": item["options"], "calibration": item["calibration"],
             "cluster": item["cluster"], "rows": rows,
-            "median_abs_error": statistics.median(abs(r["error"]) for r in rows),
+            "host": item["host"], "median_abs_error": statistics.median(abs(r["error"]) for r in rows),
+            "one_process_median_abs_error": statistics.median(abs(r["one_process_error"]) for r in rows),
             "kendall_tau": kendall_tau(simulated, actual),
             "simulated_fastest": rows[sim_best]["label"], "measured_fastest": rows[real_best]["label"],
             "fastest_agrees": sim_best == real_best
@@ -199,13 +235,16 @@ def summarise(item: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(summary: dict[str, Any]) -> str:
-    lines = [f"{summary['model']}: median |error| {summary['median_abs_error']:.0%}, Kendall's tau "
+    lines = [f"{summary['model']}: median |error| {summary['median_abs_error']:.0%} (one-process calibration: "
+             f"{summary['one_process_median_abs_error']:.0%}), Kendall's tau "
              f"{summary['kendall_tau']:+.2f}, simulator's fastest is the measured fastest (or within its spread): "
              f"{'yes' if summary['fastest_agrees'] else 'no'}",
-             f"  {'plan':48} {'simulated ms':>12} {'measured ms (median [min, max])':>32} {'error':>7}"]
+             f"  {'plan':48} {'simulated ms':>12} {'measured ms (median [min, max])':>32} {'error':>7} "
+             f"{'one-process error':>17}"]
     for row in summary["rows"]:
         spread = f"{row['measured_ms']:.2f} [{row['measured_min_ms']:.2f}, {row['measured_max_ms']:.2f}]"
-        lines.append(f"  {row['label']:48} {row['simulated_ms']:>12.2f} {spread:>32} {row['error']:>+7.0%}")
+        lines.append(f"  {row['label']:48} {row['simulated_ms']:>12.2f} {spread:>32} {row['error']:>+7.0%} "
+                     f"{row['one_process_error']:>+17.0%}")
     return "\n".join(lines)
 
 
@@ -216,18 +255,24 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--out", default=str(HERE / "results.json"))
     args = parser.parse_args()
-    link = measure_link()
-    print(f"loopback: {link['latency_us']:.0f} us one way, {link['bandwidth_gb_per_s']:.2f} GB/s", flush=True)
+    calibration = calibrate_host()
+    link, collective, host = calibration["link"], calibration["collective"], calibration["details"]["host"]
+    print(f"this host: loopback {link['latency_us']:.0f} us one way, {link['bandwidth_gb_per_s']:.2f} GB/s; "
+          f"all-reduce as a ring on {collective['latency_us']:.0f} us, {collective['bandwidth_gb_per_s']:.2f} GB/s; "
+          f"a pipeline's compute x{host['compute_scale']:.2f}, actions +{host['fwd_action_overhead_us']:.0f}/"
+          f"+{host['bwd_action_overhead_us']:.0f} us, step +{host['step_overhead_us']:.0f} us (fit error "
+          f"{host['median_rel_error']:.0%}, spread {host['iteration_spread']:.0%})", flush=True)
     prepared = []
     for name in args.models.split(","):
-        prepared.append(prepare(name, link))
+        prepared.append(prepare(name, link, calibration))
         print(f"{name}: {prepared[-1]['calibration']}; {len(prepared[-1]['candidates'])} candidates", flush=True)
     measured = measure(prepared, args.rounds, args.iters)
     summaries = [summarise(item, measured[item["model"]]) for item in prepared]
     for summary in summaries:
         print(render(summary))
     Path(args.out).write_text(json.dumps({"world_size": WORLD, "batch": BATCH, "rounds": args.rounds,
-                                          "iters": args.iters, "link": link, "models": summaries}, indent=1))
+                                          "iters": args.iters, "host_calibration": calibration,
+                                          "models": summaries}, indent=1))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ USAGE_ERRORS: tuple[type[GraphPipeError], ...] = (UsageError, ModelLoadError)
 COMMAND_MODULES: tuple[str, ...] = (
     "graphpipe.cli.capture_cmd",
     "graphpipe.cli.demo_cmd",
-    "graphpipe.cli.profile_cmd",
+    "graphpipe.cli.profile_cmd", "graphpipe.cli.calibrate_cmd",
     "graphpipe.cli.simulate_cmd", "graphpipe.cli.show_cmd", "graphpipe.cli.compare_cmd",
     "graphpipe.cli.plan_cmd",
     "graphpipe.cli.train_cmd", "graphpipe.cli.plot_log_cmd", "graphpipe.cli.export_cmd",

@@ -64,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         table = profile(graph, zoo.model, sizes, example_inputs=zoo.inputs, device=args.device,
                         warmup=args.warmup, repeats=args.repeats, leaf_modules=args.leaf_modules,
                         progress=not args.no_progress, num_threads=args.threads if args.device == "cpu" else None)
+        # on CUDA each op is timed between two CUDA events (its kernels), on the CPU by the host's clock
+        extra["timed_by"] = "CUDA events" if args.device == "cuda" else "host clock"
         if args.calibrate:
             from graphpipe.cost.calibrate import fit_device
 

@@ -24,7 +24,8 @@ from graphpipe.units import format_bytes
 
 FORWARDED = ("model", "preset", "steps", "schedule", "lr", "seed", "checkpoint_dir", "save_every", "trace",
              "timeout", "threads", "dtype", "init", "weights", "optimizer", "batch_norm", "clip_grad_norm",
-             "lr_schedule", "warmup_steps", "data", "eval_data", "eval_every", "accumulate")
+             "lr_schedule", "warmup_steps", "data", "eval_data", "eval_every", "accumulate", "log_every")
+FLAGS = ("resume", "share_gpu")  # forwarded when set
 
 
 def add_parser(subparsers: Any) -> None:
@@ -48,8 +49,9 @@ def add_parser(subparsers: Any) -> None:
     add_granularity_arg(parser)
     parser.add_argument("--json", action="store_true", help="print the per-step metrics as JSON")
     parser.add_argument("--log", default=None, metavar="FILE.jsonl",
-                        help="append one JSON line per step here as the run goes (loss, learning rate, gradient "
-                             "norm, samples/s, peak memory per rank); `graphpipe plot-log` draws it")
+                        help="append one JSON line per reported step (--log-every) here as the run goes (loss, "
+                             "learning rate, gradient norm, samples/s, peak memory per rank); `graphpipe plot-log` "
+                             "draws it")
     parser.set_defaults(func=run)
 
 
@@ -58,9 +60,10 @@ def run(args: argparse.Namespace) -> int:
     from graphpipe.train import cuda_devices_problem, simulation_calibrated, train_args_problem
 
     problem = train_args_problem(args) or _log_problem(args.log) or _nothing_to_resume(args) \
-        or cuda_devices_problem(args.nproc)
+        or cuda_devices_problem(args.nproc, args.share_gpu)
     if problem:
         raise UsageError(problem)
+    _say_sharing(args)
     with tempfile.TemporaryDirectory(prefix="graphpipe-train-") as scratch:
         if args.plan:
             plan_path, plan = args.plan, _given_plan(args)
@@ -210,9 +213,21 @@ def _forwarded(args: argparse.Namespace) -> list[str]:
         out += ["--set", item]
     for leaf in args.leaf_modules:
         out += ["--leaf-module", leaf]
-    if args.resume:
-        out.append("--resume")
+    out += [f"--{name.replace('_', '-')}" for name in FLAGS if getattr(args, name)]
     return out
+
+
+def _say_sharing(args: argparse.Namespace) -> None:
+    """Where --share-gpu puts the ranks, in one line before they start."""
+    if not args.share_gpu:
+        return
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    where = (f"no CUDA device is visible: the {args.nproc} ranks compute on the CPU" if count == 0 else
+             f"{args.nproc} ranks on {count} GPU(s) (rank i on cuda:i % {count})")
+    print(f"graphpipe train: --share-gpu: {where}, over gloo, every message staged through host memory",
+          file=sys.stderr, flush=True)
 
 
 def _plan_now(args: argparse.Namespace, path: Path) -> str:
@@ -249,8 +264,9 @@ def render_metrics(rows: list[dict[str, Any]], calibrated: bool = True) -> str:
     """One line per step: loss, samples/s, measured and simulated iteration time (`uncal.` where the simulated
     machine is not calibrated to this one: `graphpipe.train.simulation_calibrated`), peak memory."""
     evaluated = any(row.get("eval_loss") is not None for row in rows)
+    outside = any(any(row.get("outside_allocator_bytes") or ()) for row in rows)  # CUDA: context, NCCL, ...
     head = f"{'step':>5} {'loss':>10} {'samples/s':>10} {'iter ms':>9} {'sim ms':>8} {'peak/rank (max)':>16}"
-    lines = [head + (f" {'eval loss':>10}" if evaluated else "")]
+    lines = [head + (f" {'outside torch':>14}" if outside else "") + (f" {'eval loss':>10}" if evaluated else "")]
     shown = _shown_rows(rows)
     for row in shown:
         sim = row.get("simulated_iteration_s")
@@ -258,10 +274,11 @@ def render_metrics(rows: list[dict[str, Any]], calibrated: bool = True) -> str:
         peak = max(row.get("peak_memory_bytes") or [0])
         lines.append(f"{row['step']:>5} {row['loss']:>10.5g} {row['samples_per_s']:>10.1f} "
                      f"{row['iteration_s'] * 1e3:>9.1f} {sim_text} {format_bytes(peak):>16}"
+                     + (f" {format_bytes(max(row.get('outside_allocator_bytes') or [0])):>14}" if outside else "")
                      + (f" {_eval_text(row.get('eval_loss'))}" if evaluated else ""))
     if len(shown) < len(rows):
         lines.append(f"({len(shown)} of {len(rows)} steps shown: the first, every {_stride(rows)}th, those evaluated "
-                     "and the last; --log FILE.jsonl or --json has every step)")
+                     "and the last; --log FILE.jsonl or --json has every reported one: --log-every)")
     return "\n".join(lines)
 
 

@@ -102,6 +102,9 @@ class Cluster:
     intra_node: Link
     inter_node: Link
     cores_per_node: int | None = None  # host cores a node's devices share; None = independent accelerators
+    # The link on which the ring formula gives a collective inside one node, where it is not the point-to-point
+    # one: gloo's all-reduce over loopback reduces on the host, slower than its sends (`runtime.loopback`).
+    collective: Link | None = None
 
     def __post_init__(self) -> None:
         if self.num_devices < 1 or self.devices_per_node < 1:
@@ -124,23 +127,30 @@ class Cluster:
     def group_link(self, ranks: tuple[int, ...]) -> Link:
         """The slowest link inside a group of ranks (what a ring all-reduce over them runs at)."""
         nodes = {self.node_of(rank) for rank in ranks}
-        return self.intra_node if len(nodes) <= 1 else self.inter_node
+        return self.node_collective if len(nodes) <= 1 else self.inter_node
+
+    @property
+    def node_collective(self) -> Link:
+        """The link a collective inside one node runs at (`collective`, else the intra-node link)."""
+        return self.collective or self.intra_node
 
     def with_devices(self, num_devices: int) -> Cluster:
         return Cluster(name=self.name, device=self.device, num_devices=num_devices,
                        devices_per_node=self.devices_per_node, intra_node=self.intra_node,
-                       inter_node=self.inter_node, cores_per_node=self.cores_per_node)
+                       inter_node=self.inter_node, cores_per_node=self.cores_per_node, collective=self.collective)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "device": self.device.to_dict(), "num_devices": self.num_devices,
                 "devices_per_node": self.devices_per_node, "intra_node": self.intra_node.to_dict(),
-                "inter_node": self.inter_node.to_dict(), "cores_per_node": self.cores_per_node}
+                "inter_node": self.inter_node.to_dict(), "cores_per_node": self.cores_per_node,
+                **({"collective": self.collective.to_dict()} if self.collective else {})}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Cluster:
         return cls(name=data["name"], device=Device.from_dict(data["device"]), num_devices=data["num_devices"],
                    devices_per_node=data["devices_per_node"], intra_node=Link.from_dict(data["intra_node"]),
-                   inter_node=Link.from_dict(data["inter_node"]), cores_per_node=data.get("cores_per_node"))
+                   inter_node=Link.from_dict(data["inter_node"]), cores_per_node=data.get("cores_per_node"),
+                   collective=Link.from_dict(data["collective"]) if data.get("collective") else None)
 
     @staticmethod
     def preset(name: str, num_devices: int | None = None) -> Cluster:

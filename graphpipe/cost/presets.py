@@ -100,10 +100,15 @@ def _dgx_h100(num_devices: int) -> Cluster:
 
 def _local_cpu(num_devices: int) -> Cluster:
     # Every worker is on this one machine: one node, loopback on both link kinds, and the workers
-    # share the machine's cores (os.cpu_count() when the preset is built).
-    return Cluster(name="local-cpu", device=DEVICE_PRESETS["cpu"], num_devices=num_devices,
-                   devices_per_node=num_devices, intra_node=_LOOPBACK, inter_node=_LOOPBACK,
-                   cores_per_node=os.cpu_count() or 1)
+    # share the machine's cores (os.cpu_count() when the preset is built). Once `graphpipe calibrate`
+    # has measured this host, its device and links are the measured ones (`graphpipe.cost.host_cache`).
+    from graphpipe.cost.host_cache import load_host
+
+    host = load_host()
+    device, link = (host.device_for(num_devices), host.link) if host else (DEVICE_PRESETS["cpu"], _LOOPBACK)
+    return Cluster(name="local-cpu", device=device, num_devices=num_devices,
+                   devices_per_node=num_devices, intra_node=link, inter_node=link,
+                   cores_per_node=os.cpu_count() or 1, collective=host.collective if host else None)
 
 
 # name -> (builder, default number of devices)

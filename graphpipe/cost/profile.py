@@ -9,6 +9,9 @@ kept. The fixed cost of one `autograd.grad` call, which a whole-model backward p
 is measured up front and taken off every backward. The activations the op keeps for backward are measured once with
 `saved_tensors_hooks`, summing the unique storages saved (parameters excluded).
 
+On CUDA the times are the device's, between two `torch.cuda.Event`s around the call (what the kernels
+take, not their launches); on the CPU the host's wall time.
+
 The model is profiled in training mode; its mode, buffers (e.g. BatchNorm statistics),
 gradients and the global RNG state are left as they were.
 """
@@ -123,11 +126,7 @@ class OpTimer:
     def _run(self, call: Callable[..., Any], make_inputs: Callable[..., Any],
              pick: Callable[[Any], Any]) -> tuple[float, float]:
         args, kwargs, leaves = make_inputs()
-        self._sync()
-        start = time.perf_counter()
-        out = call(*args, **kwargs)
-        self._sync()
-        fwd_ms = (time.perf_counter() - start) * 1e3
+        out, fwd_ms = self._timed(lambda: call(*args, **kwargs))
         outs = [t for t in tensors_in(pick(out)) if t.requires_grad]
         if not outs or not leaves:
             return fwd_ms, 0.0
@@ -135,11 +134,23 @@ class OpTimer:
 
     def _grad_ms(self, outs: list[torch.Tensor], leaves: list[torch.Tensor]) -> float:
         grads = [torch.ones_like(t) for t in outs]
-        self._sync()
-        start = time.perf_counter()
-        torch.autograd.grad(outs, leaves, grads, allow_unused=True)
-        self._sync()
-        return (time.perf_counter() - start) * 1e3
+        return self._timed(lambda: torch.autograd.grad(outs, leaves, grads, allow_unused=True))[1]
+
+    def _timed(self, run: Callable[[], Any]) -> tuple[Any, float]:
+        """`run()` and its milliseconds: on CUDA between two events on the device's stream (the kernels' time, not
+        their launches' nor a synchronisation's), elsewhere the host's wall time."""
+        if self.device.type == "cuda":
+            stream = torch.cuda.current_stream(self.device)
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            start.record(stream)
+            out = run()
+            end.record(stream)
+            end.synchronize()
+            return out, float(start.elapsed_time(end))
+        start_s = time.perf_counter()
+        out = run()
+        return out, (time.perf_counter() - start_s) * 1e3
 
     def _measure_engine_overhead(self) -> float:
         """The fixed cost of one `autograd.grad` call, which a whole-model backward pays once, not per op."""
@@ -161,10 +172,6 @@ class OpTimer:
             out = call(*args, **kwargs)
         del out
         return sum(storages.values())
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
 
 class _OpProfiler(torch.fx.Interpreter):

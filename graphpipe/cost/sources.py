@@ -19,7 +19,7 @@ from typing import Any
 from graphpipe.cost.analytic import analytic_costs
 from graphpipe.cost.cluster import Cluster, Device
 from graphpipe.cost.cost_table import CostTable
-from graphpipe.cost.presets import DEFAULT_DEVICE, DEVICE_PRESETS, cluster_device, device_preset
+from graphpipe.cost.presets import DEFAULT_DEVICE, DEVICE_PRESETS, cluster_preset, device_preset
 from graphpipe.errors import CostError, UsageError
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.graph.precision import with_activation_dtype
@@ -118,7 +118,7 @@ def _device(device: str | Device | None, cluster: Cluster | str | None) -> Devic
         return device_preset(device)
     if isinstance(cluster, Cluster):
         return cluster.device
-    return device_preset(cluster_device(cluster) if cluster else DEFAULT_DEVICE)
+    return cluster_preset(cluster, 1).device if cluster else device_preset(DEFAULT_DEVICE)
 
 
 def costs_as_recorded(recorded: CostSource | None, graph: Callable[[], OpGraph], *, cluster: Cluster | None = None,

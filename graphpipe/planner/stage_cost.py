@@ -48,7 +48,7 @@ def p2p_link(cluster: Cluster) -> Link:
 
 def all_reduce_link(cluster: Cluster, num_devices: int) -> Link:
     """A group that fits in one node is placed inside one node."""
-    return cluster.intra_node if num_devices <= cluster.devices_per_node else cluster.inter_node
+    return cluster.node_collective if num_devices <= cluster.devices_per_node else cluster.inter_node
 
 
 class CostModel:

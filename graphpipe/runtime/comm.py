@@ -73,12 +73,14 @@ class Done:
 
 class DistTransport:
     """torch.distributed point-to-point and collectives; `groups` maps rank tuples to process groups,
-    `p2p_groups` gives each channel its own (NCCL); without them a channel is a tag of the default group."""
+    `p2p_groups` gives each channel its own (NCCL); without them a channel is a tag of the default group.
+    `pin_memory`: receive into pinned host buffers (a `HostStagedTransport` copies them on to a GPU)."""
 
     def __init__(self, *, device: torch.device, groups: dict[tuple[int, ...], Any] | None = None,
-                 p2p_groups: Sequence[Any] | None = None) -> None:
+                 p2p_groups: Sequence[Any] | None = None, pin_memory: bool = False) -> None:
         self.rank = dist.get_rank()
         self.device = device
+        self.pin_memory = pin_memory and device.type == "cpu"
         self.groups = dict(groups or {})
         self.p2p_groups = list(p2p_groups) if p2p_groups else []
         self._works: list[tuple[Any, torch.Tensor]] = []
@@ -92,7 +94,8 @@ class DistTransport:
         return self.recv_many([(shape, dtype, src_rank)], channel)[0]
 
     def recv_many(self, specs: Sequence[RecvSpec], channel: int = ACTIVATIONS) -> list[torch.Tensor]:
-        buffers = [torch.empty(tuple(shape), dtype=dtype, device=self.device) for shape, dtype, _ in specs]
+        buffers = [torch.empty(tuple(shape), dtype=dtype, device=self.device, pin_memory=self.pin_memory)
+                   for shape, dtype, _ in specs]
         receives = [PeerOp(False, src, buffer) for (_, _, src), buffer in zip(specs, buffers)]
         for work, peer in self._launch(receives, channel):  # NCCL: the wait orders the compute stream, not the CPU
             _guard(lambda w=work: w.wait(), self.rank, peer, "receive from")

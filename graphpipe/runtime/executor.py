@@ -16,7 +16,6 @@ sum over micro-batches and data-parallel ranks is the mean loss of the whole min
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,10 +23,12 @@ from typing import Any
 import torch
 
 from graphpipe.errors import TrainingError
+from graphpipe.runtime.action_clock import clock_for
 from graphpipe.runtime.comm import ACTIVATIONS, GRADIENTS, RecvSpec, Transport
 from graphpipe.runtime.grad_buckets import GradBuckets
 from graphpipe.runtime.lowering import Piece, message_pieces, share
 from graphpipe.runtime.shared_grads import SharedGrads
+from graphpipe.runtime.split_backward import WeightGradWork, backward_input
 from graphpipe.runtime.stage_module import MODEL_OUTPUT, StageModule
 from graphpipe.schedule.action import Action, ActionKind
 from graphpipe.stages.stage_graph import Plan
@@ -42,7 +43,8 @@ _FORWARD_KINDS = frozenset({ActionKind.FORWARD, ActionKind.SEND_ACT, ActionKind.
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ActionEvent:
-    """When one action ran on this rank (seconds on the monotonic clock)."""
+    """When one action ran on this rank (seconds on the monotonic clock; on a GPU, when the device ran it:
+    `graphpipe.runtime.action_clock`)."""
 
     action: Action
     start_s: float
@@ -56,6 +58,7 @@ class _MicroBatchState:
     outputs: dict[str, Any] = field(default_factory=dict)
     grads: dict[str, list[tuple[int, int, torch.Tensor]]] = field(default_factory=dict)  # value -> (dst, start, g)
     loss: torch.Tensor | None = None
+    weight_work: WeightGradWork | None = None  # a split backward's W, between its I and its W
 
 
 class StageExecutor:
@@ -87,7 +90,9 @@ class StageExecutor:
         # (peer, value) -> (dtype, trailing shape, rows per sample), from the header sent once per peer
         self._known: dict[tuple[int, str], tuple[torch.dtype, tuple[int, ...], int]] = {}
         self._sent_header: set[tuple[int, str]] = set()
-        self.events: list[ActionEvent] = []
+        self.clock = clock_for(transport.device)  # CUDA events on a GPU: the kernels' time, not the launches'
+        self._marks: list[tuple[Action, Any, Any]] = []  # (action, start mark, end mark) of the last run
+        self._events: list[ActionEvent] | None = []
         self.loss_scale = 1.0  # 1 / the mini-batches a step accumulates: their gradients sum to the mean's
         self._outputs_kept: list[tuple[int, int, Any]] | None = None  # the sink's outputs, during run_forward
         self.handlers = self._dispatch_table()
@@ -96,6 +101,8 @@ class StageExecutor:
         """What runs each action kind; `run` refuses a schedule with a kind that is missing here."""
         return {ActionKind.FORWARD: lambda a: self._forward(a.micro_batch),
                 ActionKind.BACKWARD: lambda a: self._backward(a.micro_batch),
+                ActionKind.INPUT_GRAD: lambda a: self._input_grad(a.micro_batch),
+                ActionKind.WEIGHT_GRAD: lambda a: self._weight_grad(a.micro_batch),
                 ActionKind.SEND_ACT: lambda a: self._send_act(a.micro_batch, a.peer),
                 ActionKind.RECV_ACT: lambda a: self._recv_act(a.micro_batch, a.peer),
                 ActionKind.SEND_GRAD: lambda a: self._send_grad(a.micro_batch, a.peer),
@@ -110,16 +117,32 @@ class StageExecutor:
         self._data, self._targets = data, targets
         self._states: dict[int, _MicroBatchState] = {}
         self._local_loss = torch.zeros((), device=self.transport.device)
-        self.events = []
+        marks: list[tuple[Action, Any, Any]] = []
+        clock = self.clock
+        self._marks, self._events = marks, None
         last_backward = _last_backward(actions)
         for index, action in enumerate(actions):
-            start = time.monotonic()
+            start = clock.mark()
             if index == last_backward and self.buckets is not None:
                 self.buckets.arm()
             self._run_guarded(action)
-            self.events.append(ActionEvent(action=action, start_s=start, end_s=time.monotonic()))
+            marks.append((action, start, clock.mark()))
         self.transport.flush()
         return self._local_loss
+
+    @property
+    def events(self) -> list[ActionEvent]:
+        """When each action of the last `run` ran; on a GPU resolving them waits for the step's kernels."""
+        if self._events is None:
+            self._events = self.recorded()()
+        return self._events
+
+    def recorded(self) -> Callable[[], list[ActionEvent]]:
+        """The last run's events, resolved when called: on a GPU, called after a synchronisation the caller makes
+        anyway, it waits for nothing."""
+        marks, seconds = self._marks, self.clock.seconds
+        return lambda: [ActionEvent(action=action, start_s=seconds(start), end_s=seconds(end))
+                        for action, start, end in marks]
 
     def _run_guarded(self, action: Action) -> None:
         """Run one action; an unexpected error becomes one TrainingError that names the rank and the action."""
@@ -159,8 +182,12 @@ class StageExecutor:
         self._data, self._targets = {}, None
 
     def _check_handled(self, actions: Sequence[Action]) -> None:
-        """Refuse before the first action (not midway, with peers waiting) a kind this executor cannot run."""
+        """Refuse before the first action (not midway, with peers waiting) a kind this executor cannot run, and a
+        split backward on a recomputing stage (each half would run the forward again)."""
         for action in actions:
+            if action.kind.half_of is not None and self.stage.recompute:
+                raise TrainingError(f"rank {self.rank}: stage {self.spec.stage_idx} recomputes its forward, so it "
+                                    f"cannot split its backward ({action}); use whole backwards (B) there")
             if action.kind not in self.handlers:
                 raise TrainingError(f"rank {self.rank}: stage {self.spec.stage_idx} has no handler for action kind "
                                     f"{action.kind.name} ({action}); the executor runs "
@@ -236,6 +263,29 @@ class StageExecutor:
 
     def _backward(self, micro_batch: int) -> None:
         state = self._states[micro_batch]
+        roots, grads = self._backward_roots(state)
+        if roots:
+            torch.autograd.backward(roots, grads)
+        state.outputs = {}
+        state.loss = None
+
+    def _input_grad(self, micro_batch: int) -> None:
+        """A split backward's I: the received values' gradients now, the W kept (`graphpipe.runtime.split_backward`)."""
+        state = self._states[micro_batch]
+        roots, grads = self._backward_roots(state)
+        inputs = [value for value in state.inputs.values() if isinstance(value, torch.Tensor) and value.requires_grad]
+        state.weight_work = backward_input(roots, grads, inputs, self.params) if roots else None
+        state.outputs = {}
+        state.loss = None
+
+    def _weight_grad(self, micro_batch: int) -> None:
+        state = self._states[micro_batch]
+        if state.weight_work is not None:
+            state.weight_work.run()
+            state.weight_work = None
+
+    def _backward_roots(self, state: _MicroBatchState) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """What a backward starts from: the sink's loss, and every output with the gradients its successors sent."""
         roots: list[torch.Tensor] = []
         grads: list[torch.Tensor | None] = []
         if state.loss is not None:
@@ -249,10 +299,7 @@ class StageExecutor:
             if grad is not None:
                 roots.append(value)
                 grads.append(grad)
-        if roots:
-            torch.autograd.backward(roots, grads)
-        state.outputs = {}
-        state.loss = None
+        return roots, grads
 
     def _summed_grad(self, state: _MicroBatchState, name: str, value: torch.Tensor) -> torch.Tensor | None:
         """Gradients from every successor stage, each assembled from its pieces, then summed."""
@@ -399,11 +446,11 @@ class StageExecutor:
 
 
 def _last_backward(actions: Sequence[Action]) -> int | None:
-    """The index of the step's last backward, where gradients become final (None in a list that does not
-    reduce them: a mini-batch whose gradients only accumulate)."""
+    """The index of the step's last backward (or a split one's last W), where gradients become final (None in a
+    list that does not reduce them: a mini-batch whose gradients only accumulate)."""
     if not any(action.kind == ActionKind.ALL_REDUCE for action in actions):
         return None
-    return max((i for i, action in enumerate(actions) if action.kind == ActionKind.BACKWARD), default=None)
+    return max((i for i, action in enumerate(actions) if action.kind.param_grads), default=None)
 
 
 def _has_grad(value: Any) -> bool:

@@ -35,6 +35,7 @@ from graphpipe.runtime.eval_outputs import assemble_outputs
 from graphpipe.runtime.executor import LossFn, StageExecutor, rows_of
 from graphpipe.runtime.gather_state import gather_state, held_tensors, in_model_order
 from graphpipe.runtime.grad_clip import clip_global_grad_norm_
+from graphpipe.runtime.host_staging import HOST, HostStagedTransport, pins_host_buffers
 from graphpipe.runtime.materialize import materialize
 from graphpipe.runtime.model_keys import model_keys
 from graphpipe.runtime.shared_grads import SharedGrads
@@ -70,6 +71,9 @@ class PipelineTrainer:
     `step` given k times the plan's mini-batch accumulates the gradients of its k mini-batches into one optimizer
     step (one device's step on all of them); `evaluate` runs the forwards alone, in eval mode;
     `consolidated_state_dict()` gives every rank the whole model's `state_dict`.
+    Ranks that share a GPU (a gloo group and a CUDA `device`) stage every message and collective through host
+    memory (`graphpipe.runtime.host_staging`); `host_staged=True` does so on any device (on the CPU: a test of
+    that path), False refuses it.
     A data-parallel stage sums its gradients in buckets launched during the last backward
     (`graphpipe.runtime.grad_buckets`; `overlap_grad_reduce=False`: all of them after it; off with
     `batch_norm="sync"`, whose collectives share the stage's group inside the backward).
@@ -88,7 +92,7 @@ class PipelineTrainer:
                  autocast: torch.dtype | None = None, batch_norm: str = "micro",
                  weights: str | os.PathLike[str] | None = None, init_seed: int = 0,
                  clip_grad_norm: float | None = None, lr_scheduler: SchedulerFactory | None = None,
-                 overlap_grad_reduce: bool = True) -> None:
+                 overlap_grad_reduce: bool = True, host_staged: bool | None = None) -> None:
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise TrainingError(f"clip_grad_norm must be above 0 (the largest gradient norm kept), "
                                 f"got {clip_grad_norm}")
@@ -97,7 +101,7 @@ class PipelineTrainer:
         self.last_grad_norm: float | None = None  # the global gradient norm of the last step, where clipped
         self.device = torch.device(device) if device is not None else _default_device()
         if transport is None:
-            transport, rank = self._dist_transport(process_group)
+            transport, rank = self._dist_transport(process_group, host_staged)
         assert rank is not None, "pass rank= together with transport="
         self.rank = rank
         self.transport = transport
@@ -137,8 +141,8 @@ class PipelineTrainer:
         self.shared_owner = {name: min(stage.spec.stage_idx for stage in stages if name in stage.spec.shared_params)
                              for name in shared_names}
         shared = SharedGrads.of(stages, plan) if shared_names else None
-        if shared is not None and isinstance(transport, DistTransport):
-            transport.add_groups(shared.groups(), among=self.rank)
+        if shared is not None and (groups := _dist_transport_of(transport)) is not None:
+            groups.add_groups(shared.groups(), among=self.rank)
         self.executor = StageExecutor(plan=plan, stage=self.stage, rank=rank, transport=transport,
                                       loss_fn=loss_fn, params=params, on_step=self._optimizer_step, autocast=autocast,
                                       shared=shared, overlap_grad_reduce=overlap_grad_reduce and batch_norm != "sync")
@@ -153,7 +157,7 @@ class PipelineTrainer:
                                       *module.named_buffers(remove_duplicate=False))]
         materialize(model, names=names, seed=seed, weights=weights, into=(module, traced))
 
-    def _dist_transport(self, process_group: Any) -> tuple[Transport, int]:
+    def _dist_transport(self, process_group: Any, host_staged: bool | None) -> tuple[Transport, int]:
         if not dist.is_initialized():
             raise TrainingError("PipelineTrainer needs an initialised process group: run under torchrun, or call "
                                 "torch.distributed.init_process_group first")
@@ -179,7 +183,10 @@ class PipelineTrainer:
         p2p_groups = [dist.new_group(list(range(world))) for _ in CHANNELS] if dist.get_backend() == "nccl" else []
         self._owns_groups = True
         dist.barrier()  # NCCL: the first batched point-to-point call must not be the group's first call
-        return DistTransport(device=self.device, groups=groups, p2p_groups=p2p_groups), dist.get_rank()
+        if not _stages_through_host(self.device, host_staged):
+            return DistTransport(device=self.device, groups=groups, p2p_groups=p2p_groups), dist.get_rank()
+        on_host = DistTransport(device=HOST, groups=groups, pin_memory=pins_host_buffers(self.device))
+        return HostStagedTransport(on_host, self.device), dist.get_rank()
 
     # ---- training ----------------------------------------------------------------------------
     @overload
@@ -386,8 +393,8 @@ class PipelineTrainer:
         finally:
             if not self.idle:
                 self.executor.release()
-            if self._owns_groups and isinstance(self.transport, DistTransport):
-                self.transport.destroy_groups()
+            if self._owns_groups and (groups := _dist_transport_of(self.transport)) is not None:
+                groups.destroy_groups()
 
 
 def _capture(model: nn.Module, plan: Plan, example_inputs: Any,
@@ -421,6 +428,25 @@ def _make_schedule(plan: Plan, schedule: str | Schedule) -> Schedule:
     from graphpipe.schedule.generate import make_schedule
 
     return make_schedule(plan, schedule)
+
+
+def _stages_through_host(device: torch.device, host_staged: bool | None) -> bool:
+    """Whether this rank's messages and collectives go through host memory (`graphpipe.runtime.host_staging`):
+    as asked, else exactly when gloo would have to move the tensors of a CUDA device (ranks sharing a GPU)."""
+    backend = dist.get_backend()
+    if host_staged and backend != "gloo":
+        raise TrainingError(f"host_staged=True stages messages through host memory over gloo; this process group "
+                            f"runs {backend}: init_process_group('gloo') for ranks that share a GPU")
+    if host_staged is False and backend == "gloo" and device.type == "cuda":
+        raise TrainingError(f"gloo moves host memory only, and this rank computes on {device}: leave host_staged "
+                            "unset (or True) to stage messages through host memory, or use NCCL, one GPU per rank")
+    return bool(host_staged) if host_staged is not None else (backend == "gloo" and device.type == "cuda")
+
+
+def _dist_transport_of(transport: Transport) -> DistTransport | None:
+    """The torch.distributed transport that owns the process groups (inside a host-staged one), if any."""
+    inner = transport.inner if isinstance(transport, HostStagedTransport) else transport
+    return inner if isinstance(inner, DistTransport) else None
 
 
 def _default_device() -> torch.device:

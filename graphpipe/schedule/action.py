@@ -4,6 +4,8 @@ Text forms (stage s2, micro-batch 3, peer stage s4):
 
     s2.F3        forward of micro-batch 3
     s2.B3        backward of micro-batch 3
+    s2.I3        input-gradient half of that backward (a split backward: what the predecessors wait for)
+    s2.W3        weight-gradient half of it (`graphpipe.runtime.split_backward`), after I3
     s2.SF3>s4    send the activations of micro-batch 3 to stage 4
     s4.RF3<s2    receive them
     s4.SB3>s2    send the gradient of micro-batch 3 back to stage 2
@@ -13,6 +15,9 @@ Text forms (stage s2, micro-batch 3, peer stage s4):
 
 Numbering. `F` and `B` carry the running stage's own micro-batch number: micro-batch m
 of a stage with micro-batch size b holds samples [m*b, (m+1)*b) of the mini-batch.
+
+A stage runs each micro-batch's backward either whole (`B`) or split (`I` then `W`), the same way for all of
+its micro-batches (`graphpipe.schedule.zero_bubble`).
 
 A send or receive carries a *message* number in the numbering of its stage edge. A
 message on edge src -> dst holds g = min(b_src, b_dst) samples, and message n holds
@@ -45,6 +50,8 @@ class Compute(str, Enum):
 
     FORWARD = "forward"
     BACKWARD = "backward"
+    INPUT_GRAD = "input_grad"  # a split backward's first half: the gradients of the stage's received values
+    WEIGHT_GRAD = "weight_grad"  # its second half: the gradients of the stage's parameters
 
 
 class Payload(str, Enum):
@@ -70,6 +77,13 @@ class Traits:
     receives: Payload | None = None
     collective: bool = False  # the data-parallel (and shared-weight) gradient all-reduce
     step: bool = False  # the optimizer step
+    half_of: Compute | None = None  # a compute kind that does part of another's work (a split backward's I and W)
+    # How the count of micro-batches whose activations the stage holds changes (the in-flight and memory rule,
+    # `held_change`): a forward makes them, and the last compute that reads them frees them. A split backward's
+    # I leaves them held: its W still reads what the forward saved (the layers' inputs), so held W work costs
+    # a whole micro-batch's activations until the W has run.
+    held_change: int = 0
+    param_grads: bool = False  # adds to the parameters' gradients (the all-reduce waits for the last one)
 
 
 class ActionKind(str, Enum):
@@ -85,8 +99,14 @@ class ActionKind(str, Enum):
     _payload: Payload | None  # derived once per kind: actions read these on every construction
     _numbered: bool
 
-    FORWARD = "F", Traits(compute=Compute.FORWARD, consumes=Payload.ACTIVATION, produces=Payload.ACTIVATION)
-    BACKWARD = "B", Traits(compute=Compute.BACKWARD, consumes=Payload.GRADIENT, produces=Payload.GRADIENT)
+    FORWARD = "F", Traits(compute=Compute.FORWARD, consumes=Payload.ACTIVATION, produces=Payload.ACTIVATION,
+                          held_change=1)
+    BACKWARD = "B", Traits(compute=Compute.BACKWARD, consumes=Payload.GRADIENT, produces=Payload.GRADIENT,
+                           held_change=-1, param_grads=True)
+    INPUT_GRAD = "I", Traits(compute=Compute.INPUT_GRAD, consumes=Payload.GRADIENT, produces=Payload.GRADIENT,
+                             half_of=Compute.BACKWARD)
+    WEIGHT_GRAD = "W", Traits(compute=Compute.WEIGHT_GRAD, half_of=Compute.BACKWARD, held_change=-1,
+                              param_grads=True)
     SEND_ACT = "SF", Traits(sends=Payload.ACTIVATION)
     RECV_ACT = "RF", Traits(receives=Payload.ACTIVATION)
     SEND_GRAD = "SB", Traits(sends=Payload.GRADIENT)
@@ -162,6 +182,18 @@ class ActionKind(str, Enum):
         return self.traits.produces
 
     @property
+    def half_of(self) -> Compute | None:
+        return self.traits.half_of
+
+    @property
+    def held_change(self) -> int:
+        return self.traits.held_change
+
+    @property
+    def param_grads(self) -> bool:
+        return self.traits.param_grads
+
+    @property
     def is_collective(self) -> bool:
         return self.traits.collective
 
@@ -186,16 +218,22 @@ def recv_kind(payload: Payload) -> ActionKind:
 
 
 def producer_kind(payload: Payload) -> ActionKind:
-    """The compute kind whose result is sent as `payload`."""
+    """The whole compute kind whose result is sent as `payload` (not a half of one: `producer_kinds`)."""
     return _ONE_KIND[("produces", payload)]
 
 
+def producer_kinds(payload: Payload) -> tuple[ActionKind, ...]:
+    """Every compute kind whose result is sent as `payload`: the whole kind and the halves that produce it."""
+    return tuple(kind for kind in ActionKind if kind.produces is payload)
+
+
 def _one_kind_per_role() -> dict[tuple[str, Payload], ActionKind]:
+    """One kind per role and payload; the halves of a split compute share their whole kind's roles."""
     table: dict[tuple[str, Payload], ActionKind] = {}
     for kind in ActionKind:
         for role in ("sends", "receives", "produces"):
             payload = getattr(kind.traits, role)
-            if payload is not None:
+            if payload is not None and kind.half_of is None:
                 if (role, payload) in table:
                     raise TypeError(f"{kind.name} and {table[(role, payload)].name} both have {role}={payload.value}")
                 table[(role, payload)] = kind
@@ -260,7 +298,7 @@ class Action:
         return cls(stage=stage, kind=_BY_CODE[match[8]], micro_batch=int(match[9]), peer=int(match[10]))
 
 
-Step = tuple[ActionKind, int]  # one compute of a stage's order: (FORWARD or BACKWARD, micro-batch)
+Step = tuple[ActionKind, int]  # one compute of a stage's order: (a compute kind, micro-batch)
 
 
 def actions_of(stage: int, steps: Iterable[Step]) -> tuple[Action, ...]:

@@ -18,12 +18,14 @@ from graphpipe.schedule.kfkb import kfkb_compute
 from graphpipe.schedule.lower_comm import lower_comm
 from graphpipe.schedule.one_f_one_b import one_f_one_b_compute
 from graphpipe.schedule.schedule import Schedule
+from graphpipe.schedule.zero_bubble import zero_bubble_compute
 from graphpipe.stages.stage_graph import Plan
 
 GENERATORS: dict[str, Callable[[Plan], dict[int, list[Step]]]] = {
     "1f1b": one_f_one_b_compute,
     "gpipe": gpipe_compute,
     "kfkb": kfkb_compute,
+    "zero-bubble": zero_bubble_compute,
 }
 SCHEDULE_NAMES: tuple[str, ...] = tuple(GENERATORS)
 DEFAULT_SCHEDULE = "1f1b"

@@ -7,6 +7,7 @@ produces after it (`ActionKind.consumes`, `ActionKind.produces`):
 - after `F m`: `SF n>s` for every successor s (sorted): fan-out sends one copy to each;
 - before `B m`: `RB n<s` for every successor s: fan-in, the runtime sums the gradients;
 - after `B m`: `SB n>p` for every predecessor p;
+- a split backward's `I m` as `B m` (it sends the gradients), its `W m` with nothing around it;
 - at the end: `AR` then `STEP`.
 
 A chain of 2 stages with 2 micro-batches under 1F1B, lowered:

@@ -1,7 +1,8 @@
 """Check a schedule against its plan under the communication contract, by a dry run.
 
 Checked, in order: every stage has one list ending in `AR`, `STEP`; forwards and
-backwards run each micro-batch once, in increasing order, `F m` before `B m`; sends and
+backwards run each micro-batch once, in increasing order, `F m` before `B m`; a stage runs every backward
+whole (`B`) or every one split (`I m` then `W m`), and a recomputing stage only whole ones; sends and
 receives only on stage edges in the right direction, once per message (see
 `graphpipe.schedule.action` for the numbering); `F m` after the receives of all its
 messages from every predecessor, `B m` after those from every successor, each send after
@@ -16,7 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from graphpipe.errors import ScheduleError
-from graphpipe.schedule.action import Action, ActionKind, producer_kind, recv_kind
+from graphpipe.schedule.action import Action, ActionKind, producer_kinds, recv_kind
 from graphpipe.schedule.grid import format_grid
 from graphpipe.schedule.messages import messages_of, micro_batch_of, num_messages
 from graphpipe.schedule.schedule import Schedule
@@ -55,15 +56,23 @@ def _check_stage(schedule: Schedule, plan: Plan, idx: int) -> None:
         why = _check_action(plan, idx, action, done, seen)
         if why:
             raise _fail(schedule, idx, step, why)
-    for kind, count in done.items():
-        if count != num_mb:
-            raise _fail(schedule, idx, len(actions) - 2, f"only {count} of {num_mb} {kind.name.lower()}s")
+    for kind in _expected_computes(done):
+        if done[kind] != num_mb:
+            raise _fail(schedule, idx, len(actions) - 2, f"only {done[kind]} of {num_mb} {kind.name.lower()}s")
     for peer, src, dst, kinds in _edges_of(plan, idx):
         for kind in kinds:
             have = sum(1 for k, p, _ in seen if k is kind and p == peer)
             if have != num_messages(plan, src, dst):
                 raise _fail(schedule, idx, len(actions) - 2,
                             f"{have} {kind.code} actions with s{peer}, expected {num_messages(plan, src, dst)}")
+
+
+def _expected_computes(done: dict[ActionKind, int]) -> list[ActionKind]:
+    """The compute kinds a stage must run once per micro-batch: every whole kind, except that a stage running
+    split backwards runs their halves instead."""
+    split = {kind.half_of for kind in done if kind.half_of is not None and done[kind] > 0}
+    halves = [kind for kind in done if kind.half_of in split]
+    return [kind for kind in done if kind.half_of is None and kind.compute not in split] + halves
 
 
 def _edges_of(plan: Plan, idx: int) -> list[tuple[int, int, int, tuple[ActionKind, ...]]]:
@@ -95,10 +104,10 @@ def _check_action(plan: Plan, idx: int, action: Action, done: dict[ActionKind, i
     if (kind, action.peer, mb) in seen:
         return "duplicate message"
     if kind.sends is not None:
-        compute = producer_kind(kind.sends)
+        producers = producer_kinds(kind.sends)
         owner = micro_batch_of(plan, idx, mb, src, dst)
-        if owner >= done[compute]:
-            return f"{kind.code}{mb} before the {compute.code}{owner} that produces it"
+        if owner >= max(done[compute] for compute in producers):
+            return f"{kind.code}{mb} before the {'/'.join(k.code for k in producers)}{owner} that produces it"
     seen.add((kind, action.peer, mb))
     return ""
 
@@ -107,6 +116,9 @@ def _check_compute(plan: Plan, idx: int, action: Action, done: dict[ActionKind, 
                    seen: set[tuple[ActionKind, int, int]]) -> str:
     """Why compute `action` cannot run here: out of order, before its forward, or before its inputs arrived."""
     kind, mb = action.kind, action.micro_batch
+    why = _check_split(plan, idx, kind, mb, done)
+    if why:
+        return why
     if mb != done[kind]:
         return f"expected {kind.code}{done[kind]} next (micro-batches run in order)"
     if kind is not ActionKind.FORWARD and mb >= done[ActionKind.FORWARD]:
@@ -120,6 +132,28 @@ def _check_compute(plan: Plan, idx: int, action: Action, done: dict[ActionKind, 
         missing = [n for n in messages_of(plan, idx, mb, src, dst) if (needed, peer, n) not in seen]
         if missing:
             return f"{kind.code}{mb} runs before receiving message(s) {missing} from s{peer}"
+    return ""
+
+
+def _check_split(plan: Plan, idx: int, kind: ActionKind, mb: int, done: dict[ActionKind, int]) -> str:
+    """Why a whole or a half compute cannot run here: the stage mixes both, a half comes before the halves
+    that precede it, or a recomputing stage splits (each half would run its forward again:
+    `graphpipe.schedule.zero_bubble`)."""
+    whole = kind.half_of or kind.compute
+    family = [k for k in done if k.compute is whole or k.half_of is whole]
+    halves = [k for k in family if k.half_of is not None]
+    if not halves:
+        return ""
+    mixed = any(done[k] for k in halves) if kind.half_of is None else any(
+        done[k] for k in family if k.half_of is None)
+    if mixed:
+        return f"{kind.code}{mb}: a stage runs its backwards all whole (B) or all split (I, W), not both"
+    if kind.half_of is not None and plan.stages[idx].recompute:
+        return (f"{kind.code}{mb}: stage {idx} recomputes its forward, so it cannot split its backward (the W "
+                "would recompute the forward again); give it whole backwards (B) or plan it without recomputation")
+    for earlier in halves[:halves.index(kind)] if kind in halves else []:
+        if mb >= done[earlier]:
+            return f"{kind.code}{mb} before {earlier.code}{mb}"
     return ""
 
 

@@ -19,7 +19,7 @@ needs only the iteration time (`iteration_ms`): the engine then records no event
 stops as soon as some stage's clock plus the compute still ahead of it passes the time
 to beat (the stage's clock only moves forward, by at least each action's duration); until
 a stage's last backward has run, the gradient's trip upstream after it (the caller's drain
-bound) counts too.
+bound) counts too. A split backward's halves (I and W) are priced by `graphpipe.schedule.backward_split`.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from itertools import accumulate
 from graphpipe.cost.cluster import Cluster
 from graphpipe.errors import ScheduleError
 from graphpipe.schedule.action import Action, ActionKind, Step
+from graphpipe.schedule.backward_split import split_backward_ms
 from graphpipe.schedule.grid import format_grid
 from graphpipe.schedule.lower_comm import CLOSING_KINDS, comm_around
 from graphpipe.schedule.messages import message_samples
@@ -81,6 +82,8 @@ def iteration_ms(plan: Plan, compute: Mapping[int, Sequence[Step]], costs: Mappi
     backward to the end of the iteration (its all-reduce and step included), for an earlier stop."""
     compiled = {stage: _compile_compute(plan, stage, steps, costs[stage], cluster)
                 for stage, steps in compute.items()}
+    if any(kind.half_of is not None for steps in compute.values() for kind, _ in steps):
+        drain_ms = None  # see `_least_ahead`: the drain of whole backwards does not bound split ones
     engine = _Engine(plan, compiled, _cores(plan, cluster), record=False, beat_ms=beat_ms, drain_ms=drain_ms)
     try:
         stuck = engine.run()
@@ -227,7 +230,10 @@ class _Engine:
 def _least_ahead(ops: Sequence[Op], drain_ms: float) -> list[float]:
     """Per position, the compute still ahead on the stream (core stretch only lengthens it), plus, up to the
     last backward, what `drain_ms` adds beyond the stream's own work after that backward: the last backward
-    ends at least that compute, less the work after it, past the clock, and the iteration `drain_ms` later."""
+    ends at least that compute, less the work after it, past the clock, and the iteration `drain_ms` later.
+    The caller's drain (`plan_bounds`) counts each predecessor's whole backward after the gradient arrives; under
+    split backwards a predecessor's W overlaps the gradient's further trip upstream, so `iteration_ms` then
+    passes no drain and only the stream's own compute bounds it."""
     ahead = list(accumulate((op[1] if op[0] == _RUN else 0.0 for op in reversed(ops)), initial=0.0))[::-1]
     last = max((pos for pos, op in enumerate(ops) if op[4] == "backward"), default=-1)
     extra = drain_ms - ahead[last + 1]
@@ -296,16 +302,20 @@ def _stream_cost(fixed: Mapping[ActionKind, tuple[float, str]], stage: int, acti
 def _stream_kinds(plan: Plan, stage: int, cost: StageCost, cluster: Cluster) -> dict[ActionKind, tuple[float, str]]:
     """Duration and event kind of every kind that occupies the stage's stream; other kinds are refused."""
     all_reduce_ms = plan_stage_all_reduce_ms(cluster, plan, stage, cost)
+    input_ms, weight_ms = split_backward_ms(cost.bwd_ms, bool(plan.predecessors[stage]))
     return {ActionKind.FORWARD: (cost.fwd_ms, _event_kind(ActionKind.FORWARD)),
             ActionKind.BACKWARD: (cost.bwd_ms, _event_kind(ActionKind.BACKWARD)),
+            ActionKind.INPUT_GRAD: (input_ms, _event_kind(ActionKind.INPUT_GRAD)),
+            ActionKind.WEIGHT_GRAD: (weight_ms, _event_kind(ActionKind.WEIGHT_GRAD)),
             ActionKind.ALL_REDUCE: (all_reduce_ms, _event_kind(ActionKind.ALL_REDUCE)),
             ActionKind.STEP: (optimizer_step_ms(cluster, cost.param_bytes), _event_kind(ActionKind.STEP))}
 
 
 def _event_kind(kind: ActionKind) -> str:
-    """Its compute ("forward", "backward"), "all_reduce" or "step": the names the Gantt chart and trace colour."""
+    """Its compute ("forward", "backward"; a split backward's halves are "backward" too), "all_reduce" or "step":
+    the names the Gantt chart and trace colour."""
     if kind.compute is not None:
-        return kind.compute.value
+        return (kind.half_of or kind.compute).value
     if kind.is_collective:
         return "all_reduce"
     if kind.is_step:

@@ -306,6 +306,7 @@ BAD_INPUTS: dict[str, tuple[list[str], str]] = {
     "lr nan": ([*TRAIN, "--lr", "nan"], "--lr must be a finite number of at least 0, got nan"),
     "lr inf": ([*TRAIN, "--lr", "inf"], "got inf"),
     "lr negative": ([*TRAIN, "--lr=-0.1"], "got -0.1"),
+    "log every 0": ([*TRAIN, "--log-every", "0"], "--log-every must be at least 1 (report every N steps), got 0"),
     # files written: -o, --gantt
     "plan -o a folder": ([*MMT, "-o", "{dir}"], "-o {dir} is a directory; give a file path, e.g. {dir}/plan.json"),
     "plan -o under a file": ([*MMT, "-o", "{dir}/a_file/plan.json"], "the folder {dir}/a_file exists but is a file"),

@@ -127,7 +127,7 @@ class StageModel:
     def _all_reduce_ms(self, grad_bytes: float, d: int) -> float:
         if d <= 1 or grad_bytes <= 0:
             return 0.0
-        link = self.cluster.intra_node if d <= self.cluster.devices_per_node else self.cluster.inter_node
+        link = self.cluster.node_collective if d <= self.cluster.devices_per_node else self.cluster.inter_node
         steps = 2 * (d - 1)
         return steps / d * grad_bytes / (link.bandwidth_gb_per_s * 1e9) * 1e3 + steps * link.latency_us / 1e3
 

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from graphpipe.cost.cluster import Cluster, Device
+from graphpipe.cost.cluster import Cluster, Device, Link
 from graphpipe.cost.cost_table import CostTable
 from graphpipe.cost.formulas.communication import p2p_ms, ring_all_reduce_ms
 from graphpipe.graph.op_graph import OpGraph, ParamRef
@@ -65,9 +65,14 @@ def with_overheads(device: Device) -> Device:
     return dataclasses.replace(device, **OVERHEADS)
 
 
+# A collective slower than the point-to-point link (as gloo's all-reduce over loopback is): a pricer that reads
+# the intra-node link for an all-reduce drifts from the rule.
+COLLECTIVE = Link(name="slow-collective", latency_us=20.0, bandwidth_gb_per_s=5.0)
+
+
 def summit(num_devices: int) -> Cluster:
     base = Cluster.preset("summit", num_devices)
-    return dataclasses.replace(base, device=with_overheads(base.device))
+    return dataclasses.replace(base, device=with_overheads(base.device), collective=COLLECTIVE)
 
 
 def tied_graph() -> OpGraph:
@@ -177,7 +182,7 @@ def test_the_planner_charges_the_overheads() -> None:
 
 
 def loaded_case(case: Case) -> Case:
-    return dataclasses.replace(case, cluster=dataclasses.replace(case.cluster,
+    return dataclasses.replace(case, cluster=dataclasses.replace(case.cluster, collective=COLLECTIVE,
                                                                  device=with_overheads(case.cluster.device)))
 
 

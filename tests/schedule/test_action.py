@@ -91,5 +91,5 @@ def test_compute_kinds_say_what_they_exchange() -> None:
 
 
 def test_codes_are_the_text_forms() -> None:
-    assert [kind.code for kind in ActionKind] == ["F", "B", "SF", "RF", "SB", "RB", "AR", "STEP"]
+    assert [kind.code for kind in ActionKind] == ["F", "B", "I", "W", "SF", "RF", "SB", "RB", "AR", "STEP"]
     assert all(kind.code == kind.value for kind in ActionKind)

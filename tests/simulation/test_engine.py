@@ -33,6 +33,7 @@ def test_a_kind_without_cost_is_refused(monkeypatch: pytest.MonkeyPatch) -> None
 def test_every_compute_and_stream_kind_gets_its_event_kind() -> None:
     names = {kind: engine._event_kind(kind) for kind in ActionKind if not kind.is_message}
     assert names == {ActionKind.FORWARD: "forward", ActionKind.BACKWARD: "backward",
+                     ActionKind.INPUT_GRAD: "backward", ActionKind.WEIGHT_GRAD: "backward",
                      ActionKind.ALL_REDUCE: "all_reduce", ActionKind.STEP: "step"}
 
 

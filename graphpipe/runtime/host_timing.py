@@ -1,0 +1,136 @@
+"""Time the runtime as it runs a pipeline on this host, for `graphpipe.cost.host_calibration.fit_host`.
+
+`workers` gloo ranks (one thread each) train the reference model as a chain of `workers` stages, one rank
+each, at each micro-batch size: the pipeline a plan runs, with its sends and receives, its stages computing
+at once. Per rank and size it reports the medians of each forward and backward action (a send counts with
+the compute that produced it: the host copies and posts it before the next action), of the optimizer
+step, and of the iteration's time outside every action (clearing gradients, slicing the batch); waits for
+a receive are the schedule's, which the simulator plays, and are left out.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import statistics
+import time
+import traceback
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from graphpipe.cost.host_calibration import SizeTiming
+from graphpipe.errors import CostError
+
+WARM_UP_STEPS = 2
+
+
+def measure_runtime(spec: str, preset: str, options: dict[str, Any], batch_size: int, sizes: Sequence[int],
+                    workers: int = 2, steps: int = 8, timeout_s: float = 600.0) -> list[list[SizeTiming]]:
+    """Per rank, a `SizeTiming` per micro-batch size of `sizes`, from `steps` timed iterations of the model
+    (`graphpipe.models.load_model(spec, preset, **options)`) as a `workers`-stage chain on `workers` gloo
+    ranks (see the module docstring)."""
+    import torch.distributed as dist
+
+    ctx = mp.get_context("spawn")
+    store = dist.TCPStore("127.0.0.1", 0, workers + 1, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
+    queue: Any = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(rank, workers, store.port, spec, preset, options, batch_size,
+                                                  tuple(sizes), steps, queue), daemon=True) for rank in range(workers)]
+    for proc in procs:
+        proc.start()
+    found: dict[int, list[SizeTiming]] = {}
+    try:
+        while len(found) < workers:
+            kind, rank, payload = queue.get(timeout=timeout_s)
+            if kind == "error":
+                raise CostError(f"host calibration failed on rank {rank}:\n{payload}")
+            found[rank] = payload
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    return [found[rank] for rank in range(workers)]
+
+
+def _rank_main(rank: int, world: int, port: int, spec: str, preset: str, options: dict[str, Any], batch_size: int,
+               sizes: tuple[int, ...], steps: int, queue: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False,  # type: ignore[attr-defined]
+                              timeout=timedelta(seconds=120))
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=300))
+        timings = [_time_size(rank, world, spec, preset, options, batch_size, size, steps) for size in sizes]
+        dist.destroy_process_group()
+        queue.put(("ok", rank, timings))
+    except BaseException:
+        queue.put(("error", rank, traceback.format_exc()))
+
+
+def _time_size(rank: int, world: int, spec: str, preset: str, options: dict[str, Any], batch_size: int, size: int,
+               steps: int) -> SizeTiming:
+    from graphpipe.runtime.trainer import PipelineTrainer
+
+    zoo, plan = _chain(spec, preset, options, batch_size, size, world)
+    trainer = PipelineTrainer(zoo.model, plan, loss_fn=zoo.loss_fn, device="cpu", optimizer=_adam)
+    stage = next(stage for stage in plan.stages if rank in stage.ranks)
+    samples = stage.micro_batch_size // len(stage.ranks)
+    rows = [_timed_step(trainer, zoo) for _ in range(WARM_UP_STEPS + steps)][WARM_UP_STEPS:]
+    walls = [row["wall"] for row in rows]
+    deciles = statistics.quantiles(walls, n=10)
+    return SizeTiming(micro_batch_size=samples, ops=stage.ops,
+                      fwd_ms=statistics.median(row["fwd"] for row in rows),
+                      bwd_ms=statistics.median(row["bwd"] for row in rows),
+                      step_ms=statistics.median(row["step"] for row in rows),
+                      outside_ms=statistics.median(row["outside"] for row in rows),
+                      iteration_ms=statistics.median(walls),
+                      iteration_spread=(deciles[-1] - deciles[0]) / statistics.median(walls))
+
+
+def _timed_step(trainer: Any, zoo: Any) -> dict[str, float]:
+    """One iteration: per forward and backward action (with the sends they post), the step, the rest (ms)."""
+    from graphpipe.schedule.action import ActionKind
+
+    start = time.perf_counter()
+    trainer.step(zoo.inputs, zoo.targets, reduce_loss=False)
+    wall = (time.perf_counter() - start) * 1e3
+    kinds = {ActionKind.FORWARD: "fwd", ActionKind.SEND_ACT: "fwd", ActionKind.BACKWARD: "bwd",
+             ActionKind.SEND_GRAD: "bwd", ActionKind.STEP: "step"}
+    totals = {"fwd": 0.0, "bwd": 0.0, "step": 0.0, "actions": 0.0}
+    counts = {"fwd": 0, "bwd": 0}
+    for event in trainer.executor.events:
+        ms = (event.end_s - event.start_s) * 1e3
+        totals["actions"] += ms
+        kind = kinds.get(event.action.kind)
+        if kind is not None:
+            totals[kind] += ms
+        if event.action.kind in (ActionKind.FORWARD, ActionKind.BACKWARD):
+            counts["fwd" if event.action.kind is ActionKind.FORWARD else "bwd"] += 1
+    return {"wall": wall, "fwd": totals["fwd"] / max(1, counts["fwd"]), "bwd": totals["bwd"] / max(1, counts["bwd"]),
+            "step": totals["step"], "outside": wall - totals["actions"]}
+
+
+def _adam(params: Any) -> Any:
+    import torch
+
+    return torch.optim.Adam(params, lr=1e-6)
+
+
+def _chain(spec: str, preset: str, options: dict[str, Any], batch_size: int, size: int,
+           world: int) -> tuple[Any, Any]:
+    """The model and the sequential planner's plan of it on `world` ranks at micro-batch `size`, every rank
+    used (a chain of `world` stages where the model splits so)."""
+    from graphpipe.cost.analytic import analytic_costs
+    from graphpipe.cost.cluster import Cluster
+    from graphpipe.graph.capture import capture
+    from graphpipe.models import load_model
+    from graphpipe.planning import plan
+
+    zoo = load_model(spec, preset, batch_size=batch_size, seed=0, **options)
+    graph = capture(zoo.model, zoo.inputs)
+    chain = plan(graph, analytic_costs(graph, "cpu", micro_batch_sizes=[size]), Cluster.preset("local-cpu", world),
+                 batch_size, planner="sequential", micro_batch_sizes=[size], use_all_devices=True)
+    return zoo, chain

@@ -1,0 +1,104 @@
+"""The host fit recovers the terms it models, and applying it scales the op costs and keeps the device's shape."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from graphpipe.cost.analytic import analytic_costs
+from graphpipe.cost.cost_table import CostTable, OpCost
+from graphpipe.cost.formulas.time_per_sample import ADAM_PASSES
+from graphpipe.cost.host_calibration import HostCalibration, SizeTiming, fit_host, scaled_costs
+from graphpipe.cost.presets import DEVICE_PRESETS
+from graphpipe.errors import CostError
+from tests.cost.graphs import mlp_graph
+
+SCALE, FWD_US, BWD_US, STEP_US = 1.3, 120.0, 80.0, 900.0
+PARAM_BYTES = 4_000_000
+
+
+def profile_table() -> CostTable:
+    """Two ops whose forward grows with the micro-batch and whose backward is twice it."""
+    entries = {name: {size: OpCost(fwd_ms=base * size, bwd_ms=2 * base * size, act_bytes=0, output_bytes=0,
+                                   param_bytes=0) for size in (1, 2, 4, 8)} for name, base in (("a", 0.1), ("b", 0.3))}
+    return CostTable(device="cpu", source="measured", entries=entries)
+
+
+def timings_from_the_model(table: CostTable) -> list[list[SizeTiming]]:
+    """What two workers measure when the host is exactly the fitted model."""
+    device = DEVICE_PRESETS["cpu"]
+    stream_ms = ADAM_PASSES * PARAM_BYTES / (device.mem_bandwidth_gb_per_s * 1e9) * 1e3
+    rows = []
+    for size in (1, 2, 4, 8):
+        fwd = sum(table.at(op, size).fwd_ms for op in table.entries)
+        bwd = sum(table.at(op, size).bwd_ms for op in table.entries)
+        rows.append(SizeTiming(micro_batch_size=size, fwd_ms=SCALE * fwd + FWD_US / 1e3,
+                               bwd_ms=SCALE * bwd + BWD_US / 1e3, outside_ms=0.2,
+                               step_ms=STEP_US / 1e3 + stream_ms - 0.2,
+                               iteration_ms=10.0, iteration_spread=0.05))
+    return [rows, rows]
+
+
+def test_the_fit_recovers_the_scale_and_the_overheads() -> None:
+    table = profile_table()
+    host = fit_host(timings_from_the_model(table), table, PARAM_BYTES, DEVICE_PRESETS["cpu"])
+    assert host.compute_scale == pytest.approx(SCALE)
+    assert host.fwd_action_overhead_us == pytest.approx(FWD_US)
+    assert host.bwd_action_overhead_us == pytest.approx(BWD_US)
+    assert host.step_overhead_us == pytest.approx(STEP_US)
+    assert host.median_rel_error == pytest.approx(0.0, abs=1e-9)
+    assert host.workers == 2 and host.iteration_spread == pytest.approx(0.05)
+
+
+def test_an_overhead_the_fit_would_make_negative_is_held_at_zero() -> None:
+    """Actions a fixed 10 us faster than the profile's sum at every size fit a negative overhead unconstrained: it
+    is held at zero and the scale refitted alone."""
+    table = profile_table()
+
+    def faster(timing: SizeTiming) -> SizeTiming:
+        fwd, bwd = (sum(getattr(table.at(op, timing.micro_batch_size), kind) for op in table.entries)
+                    for kind in ("fwd_ms", "bwd_ms"))
+        return dataclasses.replace(timing, fwd_ms=fwd - 0.01, bwd_ms=bwd - 0.01)
+
+    rows = [[faster(timing) for timing in worker] for worker in timings_from_the_model(table)]
+    host = fit_host(rows, table, PARAM_BYTES, DEVICE_PRESETS["cpu"])
+    assert host.fwd_action_overhead_us == host.bwd_action_overhead_us == 0.0
+    assert 0.9 < host.compute_scale < 1.0
+
+
+def test_too_few_sizes_to_fit_is_an_error() -> None:
+    table = profile_table()
+    with pytest.raises(CostError, match="3 or more micro-batch sizes"):
+        fit_host([timings_from_the_model(table)[0][:2]], table, PARAM_BYTES, DEVICE_PRESETS["cpu"])
+
+
+def test_the_calibrated_device_scales_every_analytic_cost_by_the_compute_scale() -> None:
+    """peak, elementwise peak and bandwidth divided, kernel overhead multiplied: every term of the roofline scales
+    alike, so the analytic model's times scale exactly; the overheads ride on the device."""
+    graph = mlp_graph()
+    base = DEVICE_PRESETS["cpu"]
+    host = HostCalibration(workers=2, compute_scale=1.25, fwd_action_overhead_us=10.0, bwd_action_overhead_us=20.0,
+                           step_overhead_us=30.0, median_rel_error=0.0, iteration_spread=0.0)
+    device = host.device(base)
+    assert device.host_calibrated and device.name == "cpu-host"
+    plain, slowed = analytic_costs(graph, base), analytic_costs(graph, device)
+    for op, per_size in plain.entries.items():
+        for size, cost in per_size.items():
+            assert slowed.entries[op][size].fwd_ms == pytest.approx(1.25 * cost.fwd_ms)
+            assert slowed.entries[op][size].bwd_ms == pytest.approx(1.25 * cost.bwd_ms)
+    scaled = scaled_costs(plain, 1.25)
+    for op, per_size in slowed.entries.items():
+        for size, cost in per_size.items():
+            assert (scaled.entries[op][size].fwd_ms, scaled.entries[op][size].bwd_ms) == pytest.approx(
+                (cost.fwd_ms, cost.bwd_ms))
+            assert scaled.entries[op][size].act_bytes == cost.act_bytes
+
+
+def test_actions_that_do_not_follow_the_ops_are_refused_with_the_fix() -> None:
+    """A model whose ops are lost in the per-action overheads (the same time at every size) pins no scale."""
+    table = profile_table()
+    flat = [[dataclasses.replace(timing, fwd_ms=1.0, bwd_ms=1.0) for timing in worker]
+            for worker in timings_from_the_model(table)]
+    with pytest.raises(CostError, match="calibrate with a larger model"):
+        fit_host(flat, table, PARAM_BYTES, DEVICE_PRESETS["cpu"])

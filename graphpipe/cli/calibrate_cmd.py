@@ -73,7 +73,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from graphpipe.cost.host_cache import CachedHost, save_host
     from graphpipe.cost.host_calibration import fit_host
     from graphpipe.cost.profile import profile
-    from graphpipe.runtime.host_timing import measure_runtime
+    from graphpipe.runtime.host_timing import measure_adam_streaming, measure_runtime
     from graphpipe.runtime.loopback import measure_all_reduce, measure_link
 
     if args.model == "mmt" and not args.model_options:
@@ -85,12 +85,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     table = profile(graph, zoo.model, sizes, example_inputs=zoo.inputs, num_threads=1, progress=False)
     fit = fit_device(graph, table)
     param_bytes = sum(trainable_param_bytes(op) for op in graph.ops)
+    _say(args, "timing Adam's step")
+    step_bandwidth = measure_adam_streaming()
     hosts = {}
     for workers in (1, args.workers):
         _say(args, f"training it on {workers} process{'es as a pipeline' if workers > 1 else ''}")
         timings = measure_runtime(args.model, args.preset, model_options(args), graph.example_batch_size, sizes,
                                   workers=workers, steps=args.steps)
-        hosts[workers] = fit_host(timings, table, param_bytes, fit.device)
+        hosts[workers] = fit_host(timings, table, param_bytes, fit.device, step_bandwidth)
     host, single = hosts[args.workers], hosts[1]
     _say(args, "measuring gloo over loopback")
     link, collective = measure_link(), measure_all_reduce()
@@ -123,6 +125,7 @@ def _report(data: dict[str, Any], path: Path, as_json: bool) -> None:
         print(f"  {label}: compute x{fitted['compute_scale']:.2f}; per forward action "
               f"+{fitted['fwd_action_overhead_us']:.0f} us, per backward +{fitted['bwd_action_overhead_us']:.0f} us, "
               f"per optimizer step +{fitted['step_overhead_us']:.0f} us (fit error {fitted['median_rel_error']:.0%})")
+    print(f"  Adam streams its state at {host.get('step_bandwidth_gb_per_s', 0):.2f} GB/s")
     print(f"  gloo point-to-point: {link['latency_us']:.0f} us, {link['bandwidth_gb_per_s']:.2f} GB/s; all-reduce "
           f"as a ring on {collective['latency_us']:.0f} us, {collective['bandwidth_gb_per_s']:.2f} GB/s")
     spread = max(host["iteration_spread"], details["host_single"]["iteration_spread"])

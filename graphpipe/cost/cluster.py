@@ -35,6 +35,9 @@ class Device:
     fwd_action_overhead_us: float = 0.0
     bwd_action_overhead_us: float = 0.0
     step_overhead_us: float = 0.0  # fixed cost of one optimizer step (on top of streaming the state)
+    # What the optimizer streams its state at, where it is not `mem_bandwidth_gb_per_s` (0): a CPU host's Adam,
+    # measured (`graphpipe calibrate`), runs far below the bandwidth an op profile's fit gives.
+    step_bandwidth_gb_per_s: float = 0.0
 
     @property
     def host_calibrated(self) -> bool:
@@ -49,8 +52,10 @@ class Device:
         if min(self.kernel_overhead_us, self.elementwise_tflops, self.matmul_half_rows) < 0:
             raise ClusterError(f"device {self.name!r}: kernel overhead, elementwise throughput and "
                                "matmul_half_rows must be >= 0")
-        if min(self.fwd_action_overhead_us, self.bwd_action_overhead_us, self.step_overhead_us) < 0:
-            raise ClusterError(f"device {self.name!r}: action and step overheads must be >= 0, got "
+        if min(self.fwd_action_overhead_us, self.bwd_action_overhead_us, self.step_overhead_us,
+               self.step_bandwidth_gb_per_s) < 0:
+            raise ClusterError(f"device {self.name!r}: action and step overheads and the step's bandwidth must be "
+                               ">= 0, got "
                                f"{self.fwd_action_overhead_us}, {self.bwd_action_overhead_us} and "
                                f"{self.step_overhead_us} us")
 
@@ -59,7 +64,8 @@ class Device:
                 "mem_bandwidth_gb_per_s": self.mem_bandwidth_gb_per_s, "memory_bytes": self.memory_bytes,
                 "kernel_overhead_us": self.kernel_overhead_us, "elementwise_tflops": self.elementwise_tflops,
                 "matmul_half_rows": self.matmul_half_rows, "fwd_action_overhead_us": self.fwd_action_overhead_us,
-                "bwd_action_overhead_us": self.bwd_action_overhead_us, "step_overhead_us": self.step_overhead_us}
+                "bwd_action_overhead_us": self.bwd_action_overhead_us, "step_overhead_us": self.step_overhead_us,
+                **({"step_bandwidth_gb_per_s": self.step_bandwidth_gb_per_s} if self.step_bandwidth_gb_per_s else {})}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Device:

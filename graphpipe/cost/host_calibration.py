@@ -59,6 +59,7 @@ class HostCalibration:
     step_overhead_us: float
     median_rel_error: float  # of the fitted action times against the measured ones
     iteration_spread: float  # (p90 - p10) / median of the measured iterations, worst size: the host's noise
+    step_bandwidth_gb_per_s: float = 0.0  # Adam's streaming, measured on its own (0: the fitted device's memory)
 
     def device(self, fitted: Device) -> Device:
         """`fitted` (a device whose analytic costs match the one-process profile) with its compute slowed by
@@ -70,7 +71,7 @@ class HostCalibration:
             mem_bandwidth_gb_per_s=fitted.mem_bandwidth_gb_per_s / scale,
             kernel_overhead_us=fitted.kernel_overhead_us * scale,
             fwd_action_overhead_us=self.fwd_action_overhead_us, bwd_action_overhead_us=self.bwd_action_overhead_us,
-            step_overhead_us=self.step_overhead_us)
+            step_overhead_us=self.step_overhead_us, step_bandwidth_gb_per_s=self.step_bandwidth_gb_per_s)
 
     def costs(self, measured: CostTable) -> CostTable:
         """A one-process profile's times scaled to what the ops take with `workers` processes busy."""
@@ -88,9 +89,12 @@ def scaled_costs(table: CostTable, scale: float) -> CostTable:
 
 
 def fit_host(timings: Sequence[Sequence[SizeTiming]], profile: CostTable, param_bytes: int,
-             device: Device) -> HostCalibration:
+             device: Device, step_bandwidth_gb_per_s: float = 0.0) -> HostCalibration:
     """Fit the host terms to each worker's `timings` against `profile` (the one-process op costs) of the
-    model the workers trained; `param_bytes` of weights stream through `device`'s memory in Adam's step."""
+    model the workers trained; `param_bytes` of weights stream in Adam's step at `step_bandwidth_gb_per_s`
+    (measured: `graphpipe.runtime.host_timing.measure_adam_streaming`; 0: `device`'s memory). Where the
+    step's fixed part is the iteration's rest less that streaming, a model with other parameter bytes than the
+    reference's is charged its own streaming."""
     rows, measured, kinds = [], [], []
     for per_worker in timings:
         for timing in per_worker:
@@ -107,13 +111,15 @@ def fit_host(timings: Sequence[Sequence[SizeTiming]], profile: CostTable, param_
                         "the model's ops are too small to see its compute behind the per-action overheads; "
                         "calibrate with a larger model (the default, mmt)")
     predicted = design @ np.array([scale, fwd_over, bwd_over])
-    stream_ms = ADAM_PASSES * param_bytes / (device.mem_bandwidth_gb_per_s * 1e9) * 1e3
+    bandwidth = step_bandwidth_gb_per_s or device.mem_bandwidth_gb_per_s
+    stream_ms = ADAM_PASSES * param_bytes / (bandwidth * 1e9) * 1e3
     step_ms = statistics.median(t.outside_ms + t.step_ms for worker in timings for t in worker) - stream_ms
     return HostCalibration(
         workers=len(timings), compute_scale=float(scale), fwd_action_overhead_us=float(fwd_over) * 1e3,
         bwd_action_overhead_us=float(bwd_over) * 1e3, step_overhead_us=max(0.0, step_ms) * 1e3,
         median_rel_error=float(np.median(np.abs(predicted - target) / target)),
-        iteration_spread=max(t.iteration_spread for worker in timings for t in worker))
+        iteration_spread=max(t.iteration_spread for worker in timings for t in worker),
+        step_bandwidth_gb_per_s=step_bandwidth_gb_per_s)
 
 
 def _profile_sums(profile: CostTable, size: int, ops: tuple[str, ...]) -> tuple[float, float]:

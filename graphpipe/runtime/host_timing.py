@@ -134,3 +134,39 @@ def _chain(spec: str, preset: str, options: dict[str, Any], batch_size: int, siz
     chain = plan(graph, analytic_costs(graph, "cpu", micro_batch_sizes=[size]), Cluster.preset("local-cpu", world),
                  batch_size, planner="sequential", micro_batch_sizes=[size], use_all_devices=True)
     return zoo, chain
+
+
+def measure_adam_streaming(num_tensors: int = 64, sizes: tuple[int, int] = (1024, 65536), repeats: int = 15) -> float:
+    """The bandwidth (GB/s) at which Adam streams its state on this host's one thread: the step's time on
+    `num_tensors` parameters of each of two sizes (floats), the same tensor count so that the per-tensor cost
+    cancels; bytes in the rule's `ADAM_PASSES` passes over the difference's time."""
+    import torch
+
+    from graphpipe.cost.formulas.time_per_sample import ADAM_PASSES
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        small, large = (_adam_step_s(num_tensors, numel, repeats) for numel in sizes)
+    finally:
+        torch.set_num_threads(threads)
+    extra_bytes = num_tensors * (sizes[1] - sizes[0]) * 4
+    return ADAM_PASSES * extra_bytes / max(large - small, 1e-9) / 1e9
+
+
+def _adam_step_s(num_tensors: int, numel: int, repeats: int) -> float:
+    """Lower quartile of Adam's step on `num_tensors` float32 parameters of `numel` each (other processes only
+    ever slow it)."""
+    import torch
+
+    params = [torch.nn.Parameter(torch.zeros(numel)) for _ in range(num_tensors)]
+    for param in params:
+        param.grad = torch.ones(numel)
+    optimizer = _adam(params)
+    optimizer.step()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+    return statistics.quantiles(times, n=4)[0]

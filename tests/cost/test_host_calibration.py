@@ -102,3 +102,21 @@ def test_actions_that_do_not_follow_the_ops_are_refused_with_the_fix() -> None:
             for worker in timings_from_the_model(table)]
     with pytest.raises(CostError, match="calibrate with a larger model"):
         fit_host(flat, table, PARAM_BYTES, DEVICE_PRESETS["cpu"])
+
+
+def test_a_measured_step_bandwidth_moves_the_streaming_out_of_the_fixed_step() -> None:
+    """With Adam's streaming measured (slower than the fitted device's memory), the step's fixed part is what is
+    left of the same measured step; the device carries the bandwidth, so the reference's step is reproduced and
+    another model's step scales with its own parameter bytes (`time_per_sample.optimizer_step_ms`)."""
+    from graphpipe.cost.formulas.time_per_sample import optimizer_step_ms
+
+    table, device = profile_table(), DEVICE_PRESETS["cpu"]
+    host = fit_host(timings_from_the_model(table), table, PARAM_BYTES, device, step_bandwidth_gb_per_s=15.0)
+    stream = {bandwidth: ADAM_PASSES * PARAM_BYTES / (bandwidth * 1e9) * 1e3
+              for bandwidth in (device.mem_bandwidth_gb_per_s, 15.0)}
+    measured_ms = STEP_US / 1e3 + stream[device.mem_bandwidth_gb_per_s]  # what the workers' steps took
+    assert host.step_overhead_us == pytest.approx(1e3 * (measured_ms - stream[15.0]))
+    calibrated = host.device(device)
+    assert calibrated.step_bandwidth_gb_per_s == 15.0
+    assert optimizer_step_ms(calibrated, PARAM_BYTES) == pytest.approx(measured_ms)
+    assert optimizer_step_ms(calibrated, 0) == pytest.approx(host.step_overhead_us / 1e3)

@@ -86,14 +86,10 @@ def max_in_flight_micro_batches_recompute(param_bytes: float, input_bytes_per_mi
                                           act_bytes_per_micro_batch: float, memory_limit: float,
                                           num_micro_batches: int | None = None) -> int:
     """`max_in_flight_micro_batches` of a recomputing stage: the weights and one micro-batch's full activations
-    must fit, then every held micro-batch costs its inputs alone (-1 where the first part does not fit)."""
-    spare = memory_limit - static_memory_bytes(param_bytes) - act_bytes_per_micro_batch
-    if spare < 0:
-        return -1
-    if input_bytes_per_micro_batch <= 0:
-        return UNBOUNDED
-    most = int(spare // input_bytes_per_micro_batch)
-    return UNBOUNDED if num_micro_batches is not None and most >= num_micro_batches else most
+    must fit, then every held micro-batch costs its inputs alone (-1 where the first part does not fit): the rule
+    for a stage whose micro-batches cost their inputs, in the memory one micro-batch's activations leave."""
+    return max_in_flight_micro_batches(param_bytes, input_bytes_per_micro_batch,
+                                       memory_limit - act_bytes_per_micro_batch, num_micro_batches)
 
 
 def max_in_flight_micro_batches_recompute_array(param_bytes: np.ndarray, input_bytes_per_micro_batch: np.ndarray,

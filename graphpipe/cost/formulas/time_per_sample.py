@@ -34,15 +34,20 @@ def actions_ms(device: Device) -> float:
     return fwd + bwd
 
 
+def step_bandwidth_gb_per_s(device: Device) -> float:
+    """What the optimizer streams its state at: the device's `step_bandwidth_gb_per_s`, else its memory's."""
+    return device.step_bandwidth_gb_per_s or device.mem_bandwidth_gb_per_s
+
+
 def optimizer_step_ms(device: Device, param_bytes: float) -> float:
     """Adam's step on a stage: weights, gradients and both moments streamed through device memory, plus the
     device's fixed `step_overhead_us` (paid with or without weights: the runtime steps every stage)."""
-    return ADAM_PASSES * param_bytes / (device.mem_bandwidth_gb_per_s * 1e9) * 1e3 + device.step_overhead_us / 1e3
+    return ADAM_PASSES * param_bytes / (step_bandwidth_gb_per_s(device) * 1e9) * 1e3 + device.step_overhead_us / 1e3
 
 
 def optimizer_step_ms_array(device: Device, param_bytes: np.ndarray) -> np.ndarray:
     """`optimizer_step_ms` elementwise."""
-    step: np.ndarray = ADAM_PASSES * param_bytes / (device.mem_bandwidth_gb_per_s * 1e9) * 1e3 \
+    step: np.ndarray = ADAM_PASSES * param_bytes / (step_bandwidth_gb_per_s(device) * 1e9) * 1e3 \
         + device.step_overhead_us / 1e3
     return step
 
@@ -50,7 +55,7 @@ def optimizer_step_ms_array(device: Device, param_bytes: np.ndarray) -> np.ndarr
 def optimizer_step_line(device: Device) -> tuple[float, float]:
     """(ms per byte, fixed ms) of `optimizer_step_ms`, for bounds that search over byte counts (equal to it up to
     rounding)."""
-    return ADAM_PASSES / (device.mem_bandwidth_gb_per_s * 1e9) * 1e3, device.step_overhead_us / 1e3
+    return ADAM_PASSES / (step_bandwidth_gb_per_s(device) * 1e9) * 1e3, device.step_overhead_us / 1e3
 
 
 def iteration_ms_per_sample(all_reduce_ms: float, step_ms: float, global_batch_size: int) -> float:

@@ -69,7 +69,7 @@ def main() -> None:
     args = parser.parse_args()
     chosen = [name for name in CASES if not args.only or name in args.only.split(",")]
     with tempfile.TemporaryDirectory() as calibrated, tempfile.TemporaryDirectory() as shipped:
-        done = graphpipe(["calibrate", "--json"], calibrated)
+        done = graphpipe(["calibrate", "--keep-noisy", "--json"], calibrated)
         if done.returncode != 0:
             raise RuntimeError(f"graphpipe calibrate failed: {done.stderr[-2000:]}")
         calibration = json.loads(done.stdout)

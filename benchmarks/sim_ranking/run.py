@@ -5,13 +5,17 @@
 
 Per model (the zoo's tiny presets, widened as in `benchmarks/runtime`, mini-batch 32):
 
-1. Calibrate, as `benchmarks/runtime` does: profile every op on one thread and fit the `cpu` device to it,
-   measure the gloo loopback link (ping-pong), the executor's per-action overheads and the optimizer step.
+1. Calibrate this host once, as a user does: `graphpipe calibrate --keep-noisy` into a folder of its own (its
+   reference model is none of these). Per model: profile every op on one thread and fit the `cpu` device to
+   it; the two-process calibration scales that profile and adds the host's overheads and links; beside it,
+   the one-process calibration `benchmarks/runtime` uses (the executor's per-action overheads on one rank,
+   the optimizer step, the ping-pong link).
 2. Candidates: the best plans of the `graphpipe` and `sequential` planners for 2 devices at each micro-batch
    size 1-16 on its own (`plan_candidates`, a shallower alternative per size included), deduplicated, and the
    whole model data parallel on both ranks at micro-batches 2-16.
-3. Simulate each with everything calibrated (measured op costs, per-action overheads, the measured link,
-   2 cores shared by the ranks, the loss all-reduce after the schedule: `bench_runtime.predict`).
+3. Simulate each with everything calibrated (measured op costs, per-action overheads, the measured links,
+   2 cores shared by the ranks, the loss all-reduce after the schedule: `bench_runtime.predict`), with each
+   calibration.
 4. Measure: 2 gloo ranks, one thread each (2 cores: no oversubscription), every candidate trained with Adam,
    `--rounds` rounds of `--iters` iterations, the candidates interleaved within each round so that machine
    noise hits each alike; the median over rounds.
@@ -64,8 +68,9 @@ def calibrate_host() -> dict[str, Any]:
     from graphpipe.cost.host_cache import CACHE_ENV
 
     with tempfile.TemporaryDirectory() as folder:
-        done = subprocess.run([sys.executable, "-m", "graphpipe.cli.main", "calibrate", "--json"], capture_output=True,
-                              text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1", CACHE_ENV: folder})
+        done = subprocess.run([sys.executable, "-m", "graphpipe.cli.main", "calibrate", "--keep-noisy", "--json"],
+                              capture_output=True, text=True, timeout=900,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", CACHE_ENV: folder})
     if done.returncode != 0:
         raise RuntimeError(f"graphpipe calibrate failed: {done.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(done.stdout)

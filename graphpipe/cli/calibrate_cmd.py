@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from graphpipe.cli.common import add_model_args, capture_from_args, model_options, positive_int, print_json
+from graphpipe.errors import CostError
 
 NOISY_SPREAD = 0.25  # above this, the iterations a calibration timed were disturbed: it says so
 # The reference model when none is named: mmt's tiny preset widened so that its ops' compute, not the per-kernel
@@ -38,6 +39,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--steps", type=positive_int, default=8, help="timed iterations per micro-batch size")
     parser.add_argument("-o", "--output", default=None, metavar="FILE",
                         help="where to keep it (default: the host cache, `graphpipe calibrate --show` names it)")
+    parser.add_argument("--keep-noisy", action="store_true",
+                        help=f"keep a calibration whose timed iterations spread more than {NOISY_SPREAD:.0%} "
+                             "(by default nothing is kept then: it could not predict this host within that)")
     parser.add_argument("--show", action="store_true", help="print the kept calibration; measure nothing")
     parser.add_argument("--remove", action="store_true", help="forget the kept calibration (local-cpu is the "
                                                               "cpu preset again)")
@@ -102,6 +106,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                "host_single": single.to_dict()}
     cached = CachedHost(device=host.device(fit.device), single_device=single.device(fit.device), link=link,
                         collective=collective, details=details)
+    spread = max(host.iteration_spread, single.iteration_spread)
+    if spread > NOISY_SPREAD and not args.keep_noisy:
+        raise CostError(f"the timed iterations spread {spread:.0%} (above {NOISY_SPREAD:.0%}): other processes were "
+                        "using the CPU, or this host's timings move that much, and a calibration from them would not "
+                        "predict it within that; nothing kept (local-cpu stays as it was). Calibrate on a quiet "
+                        "machine, or keep it anyway with --keep-noisy")
     save_host(cached, Path(args.output) if args.output else None)
     return cached.to_dict()
 

@@ -66,7 +66,7 @@ def test_calibrate_then_plan_on_local_cpu(tmp_path: Path, monkeypatch: pytest.Mo
     from tests.cli.run_command import run_command
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    assert run_command(calibrate_cmd, ["calibrate", "--steps", "3", "--json"]) == 0
+    assert run_command(calibrate_cmd, ["calibrate", "--steps", "3", "--keep-noisy", "--json"]) == 0
     kept = json.loads(capsys.readouterr().out)
     assert kept["device"]["name"] == "cpu-host" and kept["details"]["host"]["workers"] == 2
     assert kept["details"]["host_single"]["workers"] == 1 and kept["single_device"]["name"] == "cpu-host"

@@ -73,7 +73,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Measure and keep this host's calibration; its JSON form."""
     from graphpipe.cli.profile_cmd import powers_of_two_up_to
     from graphpipe.cost.calibrate import fit_device
-    from graphpipe.cost.flops import trainable_param_bytes
     from graphpipe.cost.host_cache import CachedHost, save_host
     from graphpipe.cost.host_calibration import fit_host
     from graphpipe.cost.profile import profile
@@ -88,7 +87,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     _say(args, f"profiling {graph.name}'s ops on one thread at micro-batches {', '.join(map(str, sizes))}")
     table = profile(graph, zoo.model, sizes, example_inputs=zoo.inputs, num_threads=1, progress=False)
     fit = fit_device(graph, table)
-    param_bytes = sum(trainable_param_bytes(op) for op in graph.ops)
     _say(args, "timing Adam's step")
     step_bandwidth = measure_adam_streaming()
     hosts = {}
@@ -96,7 +94,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         _say(args, f"training it on {workers} process{'es as a pipeline' if workers > 1 else ''}")
         timings = measure_runtime(args.model, args.preset, model_options(args), graph.example_batch_size, sizes,
                                   workers=workers, steps=args.steps)
-        hosts[workers] = fit_host(timings, table, param_bytes, fit.device, step_bandwidth)
+        hosts[workers] = fit_host(timings, table, fit.device, step_bandwidth)
     host, single = hosts[args.workers], hosts[1]
     _say(args, "measuring gloo over loopback")
     link, collective = measure_link(), measure_all_reduce()

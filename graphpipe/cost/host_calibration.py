@@ -41,7 +41,7 @@ class SizeTiming:
     micro_batch_size: int  # samples of one action on this rank
     fwd_ms: float  # one forward action
     bwd_ms: float
-    outside_ms: float  # an iteration less its forward, backward and optimizer-step actions
+    outside_ms: float  # an iteration less every action it ran (the schedule's waits for a receive included)
     step_ms: float  # the optimizer-step action
     iteration_ms: float
     iteration_spread: float  # (p90 - p10) / median of the timed iterations
@@ -88,20 +88,22 @@ def scaled_costs(table: CostTable, scale: float) -> CostTable:
     return dataclasses.replace(table, entries=entries)
 
 
-def fit_host(timings: Sequence[Sequence[SizeTiming]], profile: CostTable, param_bytes: int,
-             device: Device, step_bandwidth_gb_per_s: float = 0.0) -> HostCalibration:
-    """Fit the host terms to each worker's `timings` against `profile` (the one-process op costs) of the
-    model the workers trained; `param_bytes` of weights stream in Adam's step at `step_bandwidth_gb_per_s`
-    (measured: `graphpipe.runtime.host_timing.measure_adam_streaming`; 0: `device`'s memory). Where the
-    step's fixed part is the iteration's rest less that streaming, a model with other parameter bytes than the
-    reference's is charged its own streaming."""
-    rows, measured, kinds = [], [], []
+def fit_host(timings: Sequence[Sequence[SizeTiming]], profile: CostTable, device: Device,
+             step_bandwidth_gb_per_s: float = 0.0) -> HostCalibration:
+    """Fit the host terms to each worker's `timings` against `profile` (the one-process op costs, with each
+    op's weights) of the model the workers trained. Each rank's weights stream in Adam's step at
+    `step_bandwidth_gb_per_s` (measured: `graphpipe.runtime.host_timing.measure_adam_streaming`; 0: `device`'s
+    memory); the step's fixed part is what is left of the iteration's rest, so a model with other parameter
+    bytes than the reference's is charged its own streaming."""
+    rows, measured, steps = [], [], []
+    bandwidth = step_bandwidth_gb_per_s or device.mem_bandwidth_gb_per_s
     for per_worker in timings:
         for timing in per_worker:
-            fwd, bwd = _profile_sums(profile, timing.micro_batch_size, timing.ops or tuple(profile.entries))
+            ops = timing.ops or tuple(profile.entries)
+            fwd, bwd, param_bytes = _profile_sums(profile, timing.micro_batch_size, ops)
             rows += [(fwd, 1.0, 0.0), (bwd, 0.0, 1.0)]
             measured += [timing.fwd_ms, timing.bwd_ms]
-            kinds += ["fwd", "bwd"]
+            steps.append(timing.outside_ms + timing.step_ms - ADAM_PASSES * param_bytes / (bandwidth * 1e9) * 1e3)
     if len(rows) < 6:
         raise CostError(f"need action times at 3 or more micro-batch sizes to fit the host, got {len(rows) // 2}")
     design, target = np.array(rows), np.array(measured)
@@ -111,9 +113,7 @@ def fit_host(timings: Sequence[Sequence[SizeTiming]], profile: CostTable, param_
                         "the model's ops are too small to see its compute behind the per-action overheads; "
                         "calibrate with a larger model (the default, mmt)")
     predicted = design @ np.array([scale, fwd_over, bwd_over])
-    bandwidth = step_bandwidth_gb_per_s or device.mem_bandwidth_gb_per_s
-    stream_ms = ADAM_PASSES * param_bytes / (bandwidth * 1e9) * 1e3
-    step_ms = statistics.median(t.outside_ms + t.step_ms for worker in timings for t in worker) - stream_ms
+    step_ms = statistics.median(steps)
     return HostCalibration(
         workers=len(timings), compute_scale=float(scale), fwd_action_overhead_us=float(fwd_over) * 1e3,
         bwd_action_overhead_us=float(bwd_over) * 1e3, step_overhead_us=max(0.0, step_ms) * 1e3,
@@ -122,9 +122,10 @@ def fit_host(timings: Sequence[Sequence[SizeTiming]], profile: CostTable, param_
         step_bandwidth_gb_per_s=step_bandwidth_gb_per_s)
 
 
-def _profile_sums(profile: CostTable, size: int, ops: tuple[str, ...]) -> tuple[float, float]:
+def _profile_sums(profile: CostTable, size: int, ops: tuple[str, ...]) -> tuple[float, float, int]:
+    """Forward ms, backward ms and weight bytes of `ops` at `size` samples."""
     costs = [profile.at(op, size) for op in ops]
-    return sum(c.fwd_ms for c in costs), sum(c.bwd_ms for c in costs)
+    return sum(c.fwd_ms for c in costs), sum(c.bwd_ms for c in costs), sum(c.param_bytes for c in costs)
 
 
 def _relative_fit(design: np.ndarray, target: np.ndarray) -> tuple[float, float, float]:

@@ -21,7 +21,8 @@ PARAM_BYTES = 4_000_000
 def profile_table() -> CostTable:
     """Two ops whose forward grows with the micro-batch and whose backward is twice it."""
     entries = {name: {size: OpCost(fwd_ms=base * size, bwd_ms=2 * base * size, act_bytes=0, output_bytes=0,
-                                   param_bytes=0) for size in (1, 2, 4, 8)} for name, base in (("a", 0.1), ("b", 0.3))}
+                                   param_bytes=PARAM_BYTES // 2) for size in (1, 2, 4, 8)}
+               for name, base in (("a", 0.1), ("b", 0.3))}
     return CostTable(device="cpu", source="measured", entries=entries)
 
 
@@ -42,7 +43,7 @@ def timings_from_the_model(table: CostTable) -> list[list[SizeTiming]]:
 
 def test_the_fit_recovers_the_scale_and_the_overheads() -> None:
     table = profile_table()
-    host = fit_host(timings_from_the_model(table), table, PARAM_BYTES, DEVICE_PRESETS["cpu"])
+    host = fit_host(timings_from_the_model(table), table, DEVICE_PRESETS["cpu"])
     assert host.compute_scale == pytest.approx(SCALE)
     assert host.fwd_action_overhead_us == pytest.approx(FWD_US)
     assert host.bwd_action_overhead_us == pytest.approx(BWD_US)
@@ -62,7 +63,7 @@ def test_an_overhead_the_fit_would_make_negative_is_held_at_zero() -> None:
         return dataclasses.replace(timing, fwd_ms=fwd - 0.01, bwd_ms=bwd - 0.01)
 
     rows = [[faster(timing) for timing in worker] for worker in timings_from_the_model(table)]
-    host = fit_host(rows, table, PARAM_BYTES, DEVICE_PRESETS["cpu"])
+    host = fit_host(rows, table, DEVICE_PRESETS["cpu"])
     assert host.fwd_action_overhead_us == host.bwd_action_overhead_us == 0.0
     assert 0.9 < host.compute_scale < 1.0
 
@@ -70,7 +71,7 @@ def test_an_overhead_the_fit_would_make_negative_is_held_at_zero() -> None:
 def test_too_few_sizes_to_fit_is_an_error() -> None:
     table = profile_table()
     with pytest.raises(CostError, match="3 or more micro-batch sizes"):
-        fit_host([timings_from_the_model(table)[0][:2]], table, PARAM_BYTES, DEVICE_PRESETS["cpu"])
+        fit_host([timings_from_the_model(table)[0][:2]], table, DEVICE_PRESETS["cpu"])
 
 
 def test_the_calibrated_device_scales_every_analytic_cost_by_the_compute_scale() -> None:
@@ -101,7 +102,7 @@ def test_actions_that_do_not_follow_the_ops_are_refused_with_the_fix() -> None:
     flat = [[dataclasses.replace(timing, fwd_ms=1.0, bwd_ms=1.0) for timing in worker]
             for worker in timings_from_the_model(table)]
     with pytest.raises(CostError, match="calibrate with a larger model"):
-        fit_host(flat, table, PARAM_BYTES, DEVICE_PRESETS["cpu"])
+        fit_host(flat, table, DEVICE_PRESETS["cpu"])
 
 
 def test_a_measured_step_bandwidth_moves_the_streaming_out_of_the_fixed_step() -> None:
@@ -111,7 +112,7 @@ def test_a_measured_step_bandwidth_moves_the_streaming_out_of_the_fixed_step() -
     from graphpipe.cost.formulas.time_per_sample import optimizer_step_ms
 
     table, device = profile_table(), DEVICE_PRESETS["cpu"]
-    host = fit_host(timings_from_the_model(table), table, PARAM_BYTES, device, step_bandwidth_gb_per_s=15.0)
+    host = fit_host(timings_from_the_model(table), table, device, step_bandwidth_gb_per_s=15.0)
     stream = {bandwidth: ADAM_PASSES * PARAM_BYTES / (bandwidth * 1e9) * 1e3
               for bandwidth in (device.mem_bandwidth_gb_per_s, 15.0)}
     measured_ms = STEP_US / 1e3 + stream[device.mem_bandwidth_gb_per_s]  # what the workers' steps took

@@ -55,8 +55,11 @@ def _stop_mid_run(tmp_path: Path, sig: signal.Signals) -> tuple[subprocess.Compl
     """Start a long run, send `sig` to `graphpipe train` once two checkpoints are complete, wait for the end."""
     plan, ckpt = _plan_file(tmp_path), tmp_path / "ckpt"
     stderr_path = tmp_path / "stderr.txt"
-    with open(stderr_path, "w") as stderr:
-        proc = subprocess.Popen(_command(plan, ckpt, 1_000_000), stdout=subprocess.PIPE, stderr=stderr, text=True)
+    with open(stderr_path, "w") as stderr:  # SIGINT as a terminal delivers it: not ignored, even where the
+        # suite itself runs with SIGINT ignored (started with `&` by a shell without job control), which the
+        # launcher would keep (`nohup` semantics) and so never stop
+        proc = subprocess.Popen(_command(plan, ckpt, 1_000_000), stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                preexec_fn=_interruptible)
     try:
         progress = Progress(lambda: descendants(proc.pid))
         while len(complete_steps(ckpt)) < 2:
@@ -72,6 +75,12 @@ def _stop_mid_run(tmp_path: Path, sig: signal.Signals) -> tuple[subprocess.Compl
         for pid in _processes_naming(str(plan)):  # only if the launcher failed to stop them
             os.kill(pid, signal.SIGKILL)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, stderr_path.read_text()), plan, ckpt
+
+
+def _interruptible() -> None:
+    """In the child before it runs `graphpipe train`: SIGINT and SIGTERM back to their default dispositions."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _workers_gone(plan: Path) -> bool:

@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import multiprocessing as mp
 import os
-import queue
 import sys
 import traceback
 from datetime import timedelta
@@ -40,8 +38,9 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # the scenarios live in the test tree
 
+from graphpipe.runtime.spawn_ranks import run_ranks  # noqa: E402
+
 DEFAULT_SCENARIOS = "tied_towers2,diamond3,tied_towers3,dp_sink4"
-WAIT_S = 600.0  # the driver's own limit on a rank's silence; `make gpu-check` runs it under `timeout` too
 
 
 def scenarios() -> dict[str, Any]:
@@ -168,32 +167,10 @@ def judge(name: str, schedule: str, per_rank: list[dict[str, Any]], expected: tu
 
 
 def spawn(world: int, transport: str, device: str, jobs: list[tuple[str, str]], steps: int) -> dict[str, list[Any]]:
-    """Every job's per-rank results from `world` spawned ranks (spawn: CUDA cannot cross a fork)."""
-    ctx = mp.get_context("spawn")
-    store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False)
-    out: Any = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(rank, world, store.port, transport, device, jobs, steps, out),
-                         daemon=True) for rank in range(world)]
-    for proc in procs:
-        proc.start()
+    """Every job's per-rank results from `world` spawned ranks."""
     results: dict[str, list[Any]] = {f"{name}/{schedule}": [None] * world for name, schedule in jobs}
-    done = 0
-    try:
-        while done < world:
-            try:
-                kind, rank, key, payload = out.get(timeout=WAIT_S)
-            except queue.Empty:
-                raise RuntimeError(f"no rank reported for {WAIT_S:.0f} s") from None
-            if kind == "error":
-                raise RuntimeError(f"rank {rank} failed:\n{payload}")
-            if kind == "result":
-                results[key][rank] = payload
-            done += kind == "done"
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
+    for _, rank, key, payload in run_ranks(world, _rank, (transport, device, jobs, steps)):
+        results[key][rank] = payload
     return results
 
 

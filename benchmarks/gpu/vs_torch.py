@@ -22,10 +22,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import multiprocessing as mp
 import operator
 import os
-import queue
 import statistics
 import sys
 import traceback
@@ -38,7 +36,8 @@ import torch.distributed as dist
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parents[1] / "benchmarks" / "runtime"), str(HERE.parents[1])]
-WAIT_S = 600.0
+
+from graphpipe.runtime.spawn_ranks import run_ranks  # noqa: E402
 
 
 def chain_plan(options: dict[str, Any], batch: int, ranks: int) -> Any:
@@ -183,31 +182,10 @@ def _idle(device: torch.device) -> None:
 
 
 def spawn(world: int, args: tuple[Any, ...]) -> list[dict[str, list[float]]]:
-    ctx = mp.get_context("spawn")
-    store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False)
-    out: Any = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(rank, world, store.port, *args, out), daemon=True)
-             for rank in range(world)]
-    for proc in procs:
-        proc.start()
+    """Each rank's timings from `world` spawned ranks."""
     times: list[dict[str, list[float]]] = [{} for _ in range(world)]
-    done = 0
-    try:
-        while done < world:
-            try:
-                kind, rank, payload = out.get(timeout=WAIT_S)
-            except queue.Empty:
-                raise RuntimeError(f"no rank reported for {WAIT_S:.0f} s") from None
-            if kind == "error":
-                raise RuntimeError(f"rank {rank} failed:\n{payload}")
-            if kind == "times":
-                times[rank] = payload
-            done += kind == "done"
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
+    for _, rank, payload in run_ranks(world, _rank, args):
+        times[rank] = payload
     return times
 
 

@@ -10,7 +10,6 @@ a receive are the schedule's, which the simulator plays, and are left out.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import statistics
 import time
 import traceback
@@ -20,6 +19,7 @@ from typing import Any
 
 from graphpipe.cost.host_calibration import SizeTiming
 from graphpipe.errors import CostError
+from graphpipe.runtime.spawn_ranks import run_ranks
 
 WARM_UP_STEPS = 2
 
@@ -29,27 +29,11 @@ def measure_runtime(spec: str, preset: str, options: dict[str, Any], batch_size:
     """Per rank, a `SizeTiming` per micro-batch size of `sizes`, from `steps` timed iterations of the model
     (`graphpipe.models.load_model(spec, preset, **options)`) as a `workers`-stage chain on `workers` gloo
     ranks (see the module docstring)."""
-    import torch.distributed as dist
-
-    ctx = mp.get_context("spawn")
-    store = dist.TCPStore("127.0.0.1", 0, workers + 1, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
-    queue: Any = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(rank, workers, store.port, spec, preset, options, batch_size,
-                                                  tuple(sizes), steps, queue), daemon=True) for rank in range(workers)]
-    for proc in procs:
-        proc.start()
-    found: dict[int, list[SizeTiming]] = {}
     try:
-        while len(found) < workers:
-            kind, rank, payload = queue.get(timeout=timeout_s)
-            if kind == "error":
-                raise CostError(f"host calibration failed on rank {rank}:\n{payload}")
-            found[rank] = payload
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
+        messages = run_ranks(workers, _rank_main, (spec, preset, options, batch_size, tuple(sizes), steps), timeout_s)
+    except RuntimeError as err:
+        raise CostError(f"host calibration failed: {err}") from None
+    found = {rank: timings for _, rank, timings in messages}
     return [found[rank] for rank in range(workers)]
 
 
@@ -65,9 +49,10 @@ def _rank_main(rank: int, world: int, port: int, spec: str, preset: str, options
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=300))
         timings = [_time_size(rank, world, spec, preset, options, batch_size, size, steps) for size in sizes]
         dist.destroy_process_group()
-        queue.put(("ok", rank, timings))
+        queue.put(("timings", rank, timings))
     except BaseException:
         queue.put(("error", rank, traceback.format_exc()))
+    queue.put(("done", rank))
 
 
 def _time_size(rank: int, world: int, spec: str, preset: str, options: dict[str, Any], batch_size: int, size: int,

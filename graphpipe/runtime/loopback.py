@@ -12,7 +12,6 @@ Each time is the lower quartile of its repeats: other processes on the machine o
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import statistics
 import time
 import traceback
@@ -21,6 +20,7 @@ from typing import Any
 
 from graphpipe.cost.cluster import Link
 from graphpipe.errors import CostError
+from graphpipe.runtime.spawn_ranks import run_ranks
 
 SMALL_FLOATS, LARGE_FLOATS = 256, 4 * 2**20  # 1 KiB and 16 MiB of float32
 SMALL_REPS, LARGE_REPS = 200, 8
@@ -54,43 +54,31 @@ def _ring_link(small_s: float, large_s: float) -> Link:
 
 def _run_pair(what: str) -> tuple[float, float]:
     """(small, large) seconds of `what` between two fresh single-threaded processes."""
-    import torch.distributed as dist
-
-    ctx = mp.get_context("spawn")
-    store = dist.TCPStore("127.0.0.1", 0, 3, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
-    queue: Any = ctx.Queue()
-    procs = [ctx.Process(target=_pair_main, args=(rank, store.port, what, queue), daemon=True) for rank in range(2)]
-    for proc in procs:
-        proc.start()
     try:
-        kind, payload = queue.get(timeout=300)
-    finally:
-        for proc in procs:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
-    if kind == "error":
-        raise CostError(f"measuring the loopback {what} failed:\n{payload}")
-    small, large = payload
+        (_, _, (small, large)), = run_ranks(2, _pair_main, (what,), wait_s=300)
+    except RuntimeError as err:
+        raise CostError(f"measuring the loopback {what} failed: {err}") from None
     return float(small), float(large)
 
 
-def _pair_main(rank: int, port: int, what: str, out: Any) -> None:
+def _pair_main(rank: int, world: int, port: int, what: str, out: Any) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     try:
-        store = dist.TCPStore("127.0.0.1", port, 3, is_master=False, timeout=timedelta(seconds=60))  # type: ignore[attr-defined]
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=60))
+        store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False,  # type: ignore[attr-defined]
+                              timeout=timedelta(seconds=60))
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=60))
         once = _round_trip if what == "ping" else _all_reduce
         _timed(once, rank, SMALL_FLOATS, 20)  # warm-up: connections, allocations
         result = (_timed(once, rank, SMALL_FLOATS, SMALL_REPS), _timed(once, rank, LARGE_FLOATS, LARGE_REPS))
         if rank == 0:
-            out.put(("ok", result))
+            out.put(("times", rank, result))
         dist.destroy_process_group()
     except BaseException:
-        out.put(("error", traceback.format_exc()))
+        out.put(("error", rank, traceback.format_exc()))
+    out.put(("done", rank))
 
 
 def _timed(once: Any, rank: int, numel: int, reps: int) -> float:

@@ -30,10 +30,13 @@ from graphpipe.errors import PlanningError, PlanValidationError
 from graphpipe.graph.layers import layer_blocks
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.planner.api import plan_candidates
+from graphpipe.planner.build import priced_again
 from graphpipe.planner.granularity import boundary_blocks, refine_limit
 from graphpipe.planner.notes import batch_coupling_notes, capture_notes
 from graphpipe.planner.options import PlanOptions, plan_options
 from graphpipe.planner.progress import PlanProgressFn, SizeDone, size_steps
+from graphpipe.planner.stage_cost import CostModel
+from graphpipe.planner.techniques import with_techniques
 from graphpipe.stages.stage_graph import Plan
 from graphpipe.stages.validate import check_runtime_rules
 
@@ -169,8 +172,7 @@ def _plan_at(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_si
         chain = opts.with_fields(planner="sequential", use_all_devices=False)
         sequential = _found(_plan_at(graph, costs, cluster, global_batch_size, chain, granularity, open_blocks))
         opts = opts.with_fields(fixed_micro_batch=sequential.stages[0].micro_batch_size)
-    candidates = plan_candidates(graph, costs, cluster, global_batch_size, opts.with_fields(granularity=granularity),
-                                 every_size=rank_by == "simulation", open_blocks=open_blocks)
+    candidates = _candidates_with_techniques(graph, costs, cluster, global_batch_size, opts, granularity, open_blocks)
     if opts.use_all_devices:
         candidates = _using_all(candidates, cluster.num_devices, planner)
     if rank_by == "tps":
@@ -191,6 +193,33 @@ def _plan_at(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_si
         raise PlanningError(f"planner {planner!r} returned a plan the runtime would refuse (a planner bug): "
                             f"{err}") from err
     return best
+
+
+def _candidates_with_techniques(graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int,
+                                opts: PlanOptions, granularity: str, open_blocks: frozenset[str]) -> tuple[Plan, ...]:
+    """The planner's candidates at one granularity, and those its `techniques` add (`with_techniques`). With
+    recomputation, a memory limit under which no plan fits leaves the plans that fit by recomputing."""
+    def search_on(table: CostTable, label: str | None = None) -> tuple[Plan, ...]:
+        progress = opts.progress if label is None else _labelled(opts.progress, label)
+        return plan_candidates(graph, table, cluster, global_batch_size,
+                               opts.with_fields(granularity=granularity, progress=progress),
+                               every_size=opts.rank_by == "simulation", open_blocks=open_blocks)
+
+    if not opts.techniques:
+        return search_on(costs)
+    unfit: PlanningError | None = None
+    try:
+        plain = search_on(costs)
+    except PlanningError as err:
+        if "recompute" not in opts.techniques:
+            raise
+        plain, unfit = (), err
+    model = CostModel(graph, costs, cluster, global_batch_size)
+    limit = float(opts.memory_limit) if opts.memory_limit is not None else float(cluster.device.memory_bytes)
+    found = with_techniques(plain, opts.techniques, costs, limit, search_on, functools.partial(priced_again, model))
+    if not found:
+        raise PlanningError(f"{unfit} (nor does any plan fit by recomputing stages)")
+    return found
 
 
 def _using_all(candidates: Sequence[Plan], num_devices: int, planner: str) -> tuple[Plan, ...]:

@@ -19,7 +19,7 @@ from graphpipe.cli.common import (
 )
 from graphpipe.cli.plan_progress import PlanProgressBar
 from graphpipe.cli.recompute_arg import add_recompute_arg, apply_recompute
-from graphpipe.errors import UsageError
+from graphpipe.errors import PlanningError, UsageError
 from graphpipe.graph.layers import layer_blocks, layer_unit_count
 from graphpipe.graph.op_graph import OpGraph
 from graphpipe.graph.sp import SPChain, SPParallel, sp_decompose, stage_units
@@ -58,11 +58,30 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--use-all-devices", action="store_true",
                         help="keep only plans that use every device (default: a plan may leave some idle)")
     add_granularity_arg(parser)
-    add_recompute_arg(parser)
+    add_techniques_arg(parser)
+    add_recompute_arg(parser, "stages of the chosen plan that recompute their forward in their backward, set after the "
+                              "search: all, none, or stages such as s1,s3 (to let the planner choose, "
+                              "--techniques recompute)")
     add_planner_limit_args(parser)
     parser.add_argument("-o", "--output", default=None, metavar="PLAN.json", help="write the plan here")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.set_defaults(func=run)
+
+
+def add_techniques_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--techniques", type=techniques_arg, default=(), metavar="LIST",
+                        help="what the planner may also choose, ranked by simulation like the rest: recompute "
+                             "(stages recompute their forward where a plan needs more memory than a device has), "
+                             "zero-bubble (the split-backward schedule), all, or none (default)")
+
+
+def techniques_arg(text: str) -> tuple[str, ...]:
+    from graphpipe.planner.options import parse_techniques
+
+    try:
+        return parse_techniques(text)
+    except PlanningError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_planner_limit_args(parser: argparse.ArgumentParser) -> None:
@@ -160,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
     with PlanProgressBar(args.planner) as progress:
         result = plan(graph, costs, cluster, global_batch, planner=args.planner, micro_batch_sizes=sizes,
                       memory_limit=limit, rank_by=args.rank_by, use_all_devices=args.use_all_devices,
-                      granularity=args.granularity, cost_source=source, progress=progress, **planner_limits(args))
+                      granularity=args.granularity, techniques=args.techniques, cost_source=source, progress=progress,
+                      **planner_limits(args))
     result = dataclasses.replace(apply_recompute(result, args.recompute, costs, cluster),
                                  model_spec=model_spec_from_args(args, source.device))
     if args.output:
@@ -173,6 +193,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"costs: {source}")
         if result.recompute_stages:
             print("recompute: " + ",".join(f"s{idx}" for idx in result.recompute_stages))
+        if args.techniques:
+            print(f"schedule: {result.schedule}")
         hint = granularity_hint(graph) if args.granularity == "op" else None
         for note in (*result.notes, *([hint] if hint else [])):
             print(f"note: {note}")

@@ -31,6 +31,7 @@ from graphpipe.planner.request import PlanRequest
 from graphpipe.planner.stage_spec import Partition
 from graphpipe.stages.stage_graph import Plan
 from graphpipe.stages.validate import validate_plan
+from graphpipe.units import format_bytes
 
 PlannerFn = Callable[[PlanRequest], list[Partition]]
 
@@ -157,28 +158,40 @@ def _candidates(request: PlanRequest, planner: str) -> tuple[Plan, ...]:
     return tuple(plans)
 
 
+GIB = 2**30
+SMALL = 0.01 * GIB  # below this, a size in GiB to two places would read 0.00
+
+
 def _infeasible_message(request: PlanRequest) -> str:
     model = request.model
-    gib = 2**30
     limit = request.memory_limit
     heaviest = max(request.graph.names, key=lambda op: model.param_bytes[op])
     op_static = static_memory_bytes(model.param_bytes[heaviest])
     if op_static > limit:
-        return (f"op {heaviest!r} alone needs {op_static / gib:.2f} GiB for weights, gradients and Adam state "
-                f"(4 x {model.param_bytes[heaviest] / gib:.2f} GiB) but a device has {limit / gib:.2f} GiB: "
+        return (f"op {heaviest!r} alone needs {_size(op_static)} for weights, gradients and Adam state "
+                f"(4 x {_size(model.param_bytes[heaviest])}) but a device has {_size(limit)}: "
                 "use devices with more memory or split the op")
     total_static = static_memory_bytes(sum(model.param_bytes.values()))
     smallest = min(request.micro_batch_sizes)
     acts = sum(model.op_at(op, smallest)[2] for op in request.graph.names)
     needed, devices = total_static + acts, request.num_devices
-    head = (f"no plan fits: the model needs {total_static / gib:.2f} GiB for weights, gradients and Adam state "
-            f"plus {acts / gib:.2f} GiB of activations per micro-batch of {smallest}")
+    head = (f"no plan fits: the model needs {_size(total_static)} for weights, gradients and Adam state "
+            f"plus {_size(acts)} of activations per micro-batch of {smallest}")
     smaller = ["fewer samples per micro-batch (--micro-batch-sizes)"] if smallest > 1 else []
+    again = [] if "recompute" in request.options.techniques else \
+        ["stages that recompute their forward (--techniques recompute)"]
     if needed > devices * limit:  # not even the total fits: say how many devices, or how much memory, it takes
-        fixes = [f"at least {math.ceil(needed / limit)} devices of {limit / gib:.2f} GiB",
-                 f"devices of at least {math.ceil(needed / devices / gib * 100) / 100:.2f} GiB", *smaller]  # up
-        return f"{head}, more than {devices} devices of {limit / gib:.2f} GiB hold together: use {', or '.join(fixes)}"
-    fixes = ["more devices", "devices with more memory", *smaller]
-    return (f"{head}, which {devices} devices of {limit / gib:.2f} GiB hold together, but no split into stages "
+        share = needed / devices
+        at_least = math.ceil(share / GIB * 100) / 100 * GIB if share >= SMALL else share
+        fixes = [f"at least {math.ceil(needed / limit)} devices of {_size(limit)}",
+                 f"devices of at least {_size(at_least)}", *smaller, *again]  # rounded up
+        return f"{head}, more than {devices} devices of {_size(limit)} hold together: use {', or '.join(fixes)}"
+    fixes = ["more devices", "devices with more memory", *smaller, *again]
+    return (f"{head}, which {devices} devices of {_size(limit)} hold together, but no split into stages "
             "fits every device (each keeps the weights of its stage and the activations of the micro-batches it "
             f"has in flight): use {', or '.join(fixes)}")
+
+
+def _size(num_bytes: float) -> str:
+    """GiB to two places, as the limits are given, down to SMALL; below it in the unit that shows the number."""
+    return f"{num_bytes / GIB:.2f} GiB" if num_bytes >= SMALL else format_bytes(num_bytes)

@@ -2,13 +2,15 @@
 
 Stages are numbered in topological order of the stage graph; edges carry the producer ops
 whose outputs cross, with their bytes per sample; in-flight counts follow docs/method.md §3;
-predictions (fwd/bwd, TPS, memory) come from `CostModel.stage_cost` and `plan.memory`.
+predictions (fwd/bwd, TPS, memory) come from `CostModel.stage_cost` and `plan.memory`, and those of a stage
+that recomputes (`StageSpec.recompute`) from `reprice_recompute`, the rule the simulator prices it by.
 A sequential partition gets ordering edges (no tensors) between consecutive stages so
 that its stage graph is the chain a sequential pipeline runs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from graphpipe.errors import PlanningError
@@ -18,6 +20,7 @@ from graphpipe.graph.toposort import priority_topological_order
 from graphpipe.planner.placement import place
 from graphpipe.planner.stage_cost import CostModel
 from graphpipe.planner.stage_spec import Partition, StageSpec
+from graphpipe.simulation.reprice import reprice_recompute
 from graphpipe.stages.crossing import crossing_tensors
 from graphpipe.stages.in_flight import in_flight_samples
 from graphpipe.stages.memory import stage_memory_bytes
@@ -57,23 +60,41 @@ def build_plan(model: CostModel, partition: Partition, planner: str) -> Plan:
                                model.global_batch_size)
     ranks = place([spec.num_devices for spec in specs], {(e.src, e.dst): e.bytes_per_sample for e in edges},
                   model.cluster)
-    stages = []
-    for idx, spec in enumerate(specs):
-        ops = tuple(sorted(spec.ops, key=graph.index))
-        cost = model.stage_cost(ops, spec.num_devices, spec.micro_batch_size)
-        memory = stage_memory_bytes(cost.param_bytes, cost.act_bytes, counts[idx], spec.micro_batch_size)
-        stages.append(Stage(idx=idx, ops=ops, ranks=ranks[idx], micro_batch_size=spec.micro_batch_size,
-                            in_flight_samples=counts[idx], fwd_ms=cost.fwd_ms, bwd_ms=cost.bwd_ms,
-                            memory_bytes=round(memory), tps_ms=cost.tps_ms))
+    stages = [_priced(model, idx, tuple(sorted(spec.ops, key=graph.index)), ranks[idx], spec.micro_batch_size,
+                      counts[idx]) for idx, spec in enumerate(specs)]
     bottleneck = max(stage.tps_ms for stage in stages)
     mixed = len({stage.micro_batch_size for stage in stages}) > 1
-    return Plan(schedule="kfkb" if mixed else "1f1b",
+    plan = Plan(schedule="kfkb" if mixed else "1f1b",
                 graph_name=graph.name, stages=tuple(stages), edges=edges, global_batch_size=model.global_batch_size,
                 num_devices=model.cluster.num_devices, planner=planner, predicted_tps_ms=bottleneck,
                 predicted_samples_per_s=1e3 / bottleneck if bottleneck > 0 else 0.0,
                 lower_bound_samples_per_s=lower_bound_samples_per_s(model, specs),
                 cluster=model.cluster.to_dict(), shared_params=shared_parameters(graph, stage_of),
                 **runtime_contract(graph))
+    recomputing = [idx for idx, spec in enumerate(specs) if spec.recompute]
+    return reprice_recompute(plan, recomputing, model.costs) if recomputing else plan
+
+
+def _priced(model: CostModel, idx: int, ops: tuple[str, ...], ranks: tuple[int, ...], micro_batch_size: int,
+            in_flight: int) -> Stage:
+    """A stage keeping its activations, its predictions (fwd/bwd, TPS, memory) from `model`."""
+    cost = model.stage_cost(ops, len(ranks), micro_batch_size)
+    memory = stage_memory_bytes(cost.param_bytes, cost.act_bytes, in_flight, micro_batch_size)
+    return Stage(idx=idx, ops=ops, ranks=ranks, micro_batch_size=micro_batch_size, in_flight_samples=in_flight,
+                 fwd_ms=cost.fwd_ms, bwd_ms=cost.bwd_ms, memory_bytes=round(memory), tps_ms=cost.tps_ms)
+
+
+def priced_again(model: CostModel, plan: Plan) -> Plan:
+    """`plan`, every stage keeping its activations, with its predictions priced from `model`'s costs (a plan found
+    on other costs: `graphpipe.planner.techniques`); the simulated iteration is left to its ranking."""
+    stages = tuple(_priced(model, stage.idx, stage.ops, stage.ranks, stage.micro_batch_size, stage.in_flight_samples)
+                   for stage in plan.stages)
+    bottleneck = max(stage.tps_ms for stage in stages)
+    specs = tuple(StageSpec(ops=stage.ops, num_devices=stage.data_parallel_degree,
+                            micro_batch_size=stage.micro_batch_size) for stage in stages)
+    return dataclasses.replace(plan, stages=stages, predicted_tps_ms=bottleneck,
+                               predicted_samples_per_s=1e3 / bottleneck if bottleneck > 0 else 0.0,
+                               lower_bound_samples_per_s=lower_bound_samples_per_s(model, specs))
 
 
 def shared_parameters(graph: OpGraph, stage_of: dict[str, int]) -> dict[str, dict[str, Any]]:

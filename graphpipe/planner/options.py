@@ -8,7 +8,7 @@ every layer below them. The planners read the checked value from their `PlanRequ
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +17,21 @@ from graphpipe.planner.granularity import check_granularity
 from graphpipe.planner.progress import PlanProgressFn
 
 RANKINGS = ("simulation", "tps")
+TECHNIQUES = ("recompute", "zero-bubble")  # `graphpipe.planner.techniques`
+
+
+def parse_techniques(text: str | Iterable[str]) -> tuple[str, ...]:
+    """The techniques named by `text` ("none", "all", or a comma list such as "recompute,zero-bubble") or by
+    an iterable of names, in `TECHNIQUES` order; PlanningError naming the known ones for any other."""
+    names = [name.strip() for name in text.split(",")] if isinstance(text, str) else list(text)
+    names = [name for name in names if name and name != "none"]
+    if "all" in names:
+        return TECHNIQUES
+    unknown = sorted(set(names) - set(TECHNIQUES))
+    if unknown:
+        raise PlanningError(f"unknown technique(s) {', '.join(unknown)}; choose from none, all, "
+                            f"{', '.join(TECHNIQUES)}")
+    return tuple(name for name in TECHNIQUES if name in names)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +54,9 @@ class PlanOptions:
       the original's IDEALS_EXPLORATION_LIMIT).
     - fixed_micro_batch: parallel-only holds this micro-batch size; None: that of the sequential
       plan the same ranking picks.
+    - techniques: what every planner may also choose, each adding the candidates it makes to the ranking
+      (`graphpipe.planner.techniques`): "recompute" (stages that recompute their forward, where a plan needs
+      more memory than the limit), "zero-bubble" (the split-backward schedule); "all"; () or "none": neither.
     - progress: called with a `graphpipe.planner.progress.PlanProgress` after each micro-batch size a search
       has done and each candidate the ranking has simulated (`graphpipe plan` shows it as a bar); None: silent.
     """
@@ -54,6 +72,7 @@ class PlanOptions:
     max_downsets: int | None = None
     max_explored: int | None = None
     fixed_micro_batch: int | None = None
+    techniques: tuple[str, ...] | str = ()
     progress: PlanProgressFn | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -62,6 +81,7 @@ class PlanOptions:
         if self.rank_by not in RANKINGS:
             raise PlanningError(f"unknown ranking {self.rank_by!r}; choose one of {', '.join(RANKINGS)}")
         check_granularity(self.granularity)
+        object.__setattr__(self, "techniques", parse_techniques(self.techniques))
         for name in ("memory_limit", "time_limit_s", "max_downsets", "max_explored", "fixed_micro_batch"):
             value = getattr(self, name)
             if value is not None and not value > 0:

@@ -75,6 +75,7 @@ class CostModel:
         # data edges only: a replicated value (an input, a mask, a size) is computed by every stage reading it
         self.preds = {op: graph.data_predecessors(op) for op in graph.names}
         self.succs = {op: graph.data_successors(op) for op in graph.names}
+        self._inputs = frozenset(graph.inputs)
 
     def op_at(self, op: str, batch: float) -> tuple[float, float, float]:
         """(fwd_ms, bwd_ms, act_bytes) of `op` on `batch` samples, cached."""
@@ -138,6 +139,15 @@ class CostModel:
         inside = set(ops)
         return (frozenset(p for op in inside for p in self.preds[op] if p not in inside),
                 frozenset(op for op in inside if any(s not in inside for s in self.succs[op])))
+
+    def recompute_input_bytes(self, ops: Iterable[str], per_device_batch: float) -> float:
+        """What a recomputing stage of `ops` keeps of one micro-batch share of `per_device_batch` samples: the
+        values it receives and the model inputs among its ops, as the simulator counts them
+        (`graphpipe.simulation.stage_cost.recompute_input_bytes`)."""
+        ops = tuple(ops)
+        received = sum(self.out_bytes_per_sample[op] for op in self.boundary_sides(ops)[0]) * per_device_batch
+        return round(received + sum(self.costs.at(op, per_device_batch).output_bytes
+                                    for op in ops if op in self._inputs))
 
     def crossing(self, recv: frozenset[str], send: frozenset[str]) -> tuple[int, float]:
         """(messages, bytes per sample) of the tensors received and sent."""

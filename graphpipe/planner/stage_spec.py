@@ -7,11 +7,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StageSpec:
-    """One stage: its ops, how many data-parallel devices it gets, and its micro-batch size."""
+    """One stage: its ops, how many data-parallel devices it gets, its micro-batch size, and whether it recomputes
+    its forward in its backward (`Stage.recompute`)."""
 
     ops: tuple[str, ...]
     num_devices: int
     micro_batch_size: int
+    recompute: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

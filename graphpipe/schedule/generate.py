@@ -29,6 +29,7 @@ GENERATORS: dict[str, Callable[[Plan], dict[int, list[Step]]]] = {
 }
 SCHEDULE_NAMES: tuple[str, ...] = tuple(GENERATORS)
 DEFAULT_SCHEDULE = "1f1b"
+SPLIT_BACKWARD_SCHEDULES = frozenset({"zero-bubble"})  # those whose stages run input- and weight-gradient halves
 
 
 def make_schedule(plan: Plan, kind: str = DEFAULT_SCHEDULE) -> Schedule:

@@ -20,7 +20,7 @@ from graphpipe.simulation.stage_cost import recompute_input_bytes, stage_cost
 from graphpipe.stages.memory import activation_memory_bytes
 from graphpipe.stages.stage_graph import Plan, Stage
 
-__all__ = ["recompute_plan"]
+__all__ = ["recompute_plan", "reprice_recompute"]
 
 
 def recompute_plan(plan: Plan, stages: Iterable[int] | str, costs: CostTable, cluster: Cluster | None = None) -> Plan:
@@ -28,18 +28,24 @@ def recompute_plan(plan: Plan, stages: Iterable[int] | str, costs: CostTable, cl
     simulated iteration, priced again from `costs` on `cluster` (default: the plan's)."""
     from graphpipe.simulation.simulator import simulate
 
+    chosen = reprice_recompute(plan, stages, costs)
+    if chosen.recompute_stages == plan.recompute_stages or (cluster is None and not plan.cluster):
+        return chosen
+    result = simulate(chosen, costs, cluster, schedule=plan.schedule)
+    return dataclasses.replace(chosen, predicted_iteration_s=result.iteration_time_s,
+                               predicted_samples_per_s=result.samples_per_s)
+
+
+def reprice_recompute(plan: Plan, stages: Iterable[int] | str, costs: CostTable) -> Plan:
+    """`plan.with_recompute(stages)` with the per-stage predictions (backward, TPS, memory) and the bottleneck TPS
+    priced again, its simulated iteration left as it was: for a search that simulates its candidates itself."""
     chosen = plan.with_recompute(stages)
     if chosen.recompute_stages == plan.recompute_stages:
         return chosen
     priced = tuple(_repriced(plan, before, after, costs) if before.recompute != after.recompute else after
                    for before, after in zip(plan.stages, chosen.stages))
-    chosen = dataclasses.replace(chosen, stages=priced,
-                                 predicted_tps_ms=max((stage.tps_ms for stage in priced), default=0.0))
-    if cluster is None and not plan.cluster:
-        return chosen
-    result = simulate(chosen, costs, cluster, schedule=plan.schedule)
-    return dataclasses.replace(chosen, predicted_iteration_s=result.iteration_time_s,
-                               predicted_samples_per_s=result.samples_per_s)
+    return dataclasses.replace(chosen, stages=priced,
+                               predicted_tps_ms=max((stage.tps_ms for stage in priced), default=0.0))
 
 
 def _repriced(plan: Plan, before: Stage, after: Stage, costs: CostTable) -> Stage:

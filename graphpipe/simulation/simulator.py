@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from graphpipe.cost.cluster import Cluster
 from graphpipe.cost.cost_table import CostTable
 from graphpipe.errors import ClusterError
-from graphpipe.schedule.generate import compute_steps, make_schedule
+from graphpipe.schedule.generate import SPLIT_BACKWARD_SCHEDULES, compute_steps, make_schedule
 from graphpipe.schedule.schedule import Schedule
 from graphpipe.schedule.validate import validate_schedule
 from graphpipe.simulation.comm_model import message_ms, optimizer_step_ms, plan_stage_all_reduce_ms
@@ -76,7 +76,7 @@ def iteration_time_s(plan: Plan, costs: CostTable, cluster: Cluster | None = Non
     if bounds is None and math.isinf(beat_s):  # nothing to beat: no drain needed
         per_stage, drain = stage_costs(plan, costs, cluster.device), None
     else:
-        bounds = plan_bounds(plan, costs, cluster) if bounds is None else bounds
+        bounds = plan_bounds(plan, costs, cluster, schedule) if bounds is None else bounds
         per_stage, drain = bounds.per_stage, bounds.drain_ms
     with _collector_paused():
         ms = iteration_ms(plan, compute_steps(plan, schedule), per_stage, cluster, beat_s * 1e3, drain)
@@ -104,7 +104,7 @@ class PlanBounds:
     lower_bound_s: float
 
 
-def plan_bounds(plan: Plan, costs: CostTable, cluster: Cluster) -> PlanBounds:
+def plan_bounds(plan: Plan, costs: CostTable, cluster: Cluster, schedule: str | None = None) -> PlanBounds:
     """No schedule simulates the iteration in less time than `lower_bound_s`. A stage runs the forward and the
     backward of every micro-batch, its all-reduce and its optimizer step one after another on its stream, with
     `simulate`'s durations, whatever it waits for; it cannot start before one micro-batch has gone forward
@@ -113,12 +113,16 @@ def plan_bounds(plan: Plan, costs: CostTable, cluster: Cluster) -> PlanBounds:
     drain also waits for its transfer where the two stages have the same micro-batch size (`_hop_ms`); other
     transfers are left out. Cheap next to `simulate` (no schedule is run), so a ranking can skip the plans
     whose bound is above the best iteration found, and stop a simulation once a stage's drain is certain
-    to end past the time to beat (`iteration_time_s`)."""
+    to end past the time to beat (`iteration_time_s`). Under a schedule that splits backwards (`schedule`,
+    default the plan's), a gradient goes upstream after the input-gradient half alone, so the drain is each
+    stage's own all-reduce and step only."""
     per_stage = stage_costs(plan, costs, cluster.device)
     finish_ms = {idx: plan_stage_all_reduce_ms(cluster, plan, idx, cost) + optimizer_step_ms(cluster, cost.param_bytes)
                  for idx, cost in per_stage.items()}
     hops = {(p, idx): _hop_ms(plan, cluster, p, idx) for idx in per_stage for p in plan.predecessors[idx]}
-    fill, drain = _fill_ms(plan, per_stage, hops), _drain_ms(plan, per_stage, finish_ms, hops)
+    fill = _fill_ms(plan, per_stage, hops)
+    split = (schedule or plan.schedule) in SPLIT_BACKWARD_SCHEDULES
+    drain = dict(finish_ms) if split else _drain_ms(plan, per_stage, finish_ms, hops)
     lower_ms = max((fill[idx] + _compute_ms(plan, per_stage, idx) + drain[idx] for idx in fill), default=0.0)
     return PlanBounds(per_stage=per_stage, drain_ms=drain, lower_bound_s=lower_ms / 1e3)
 

@@ -5,7 +5,9 @@ as devices; blocks must be convex and the stage graph acyclic; each stage gets d
 with d dividing b and the total at most the cluster. A candidate is feasible when every
 stage's memory (with in-flight counts from docs/method.md §3 on its stage graph) fits; the best
 minimises the bottleneck TPS, then the source's in-flight samples. `sp_aligned=True` keeps
-only the partitions the GraphPipe DP can produce (see `graphpipe.planner.sp_dp`).
+only the partitions the GraphPipe DP can produce (see `graphpipe.planner.sp_dp`). With "recompute" among the
+request's techniques, a stage whose activations do not fit recomputes its forward where that fits
+(`_fitting_tps`): the exact optimum of the per-stage choice, the oracle of `graphpipe.planner.techniques`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 
+from graphpipe.cost.formulas.time_per_sample import action_overheads_ms, recompute_extra_ms
 from graphpipe.errors import PlanningError
 from graphpipe.graph.sp import SPChain, iter_chains
 from graphpipe.planner.request import PlanRequest
@@ -152,24 +155,43 @@ def _best_devices(request: PlanRequest, blocks: list[list[str]], successors: dic
     model = request.model
     counts = in_flight_samples(successors, dict.fromkeys(range(len(blocks)), size), request.global_batch_size)
     options = divisors_up_to(size, request.num_devices)
+    may_recompute = "recompute" in request.options.techniques
     best: tuple[float, int, Partition] | None = None
     for devices in itertools.product(options, repeat=len(blocks)):
         if sum(devices) > request.num_devices:
             continue
-        worst = 0.0
+        worst, recomputing = 0.0, []
         for idx, block in enumerate(blocks):
             key = (frozenset(block), devices[idx], size)
             cost = cache.get(key)
             if cost is None:
                 cost = cache[key] = model.stage_cost(block, devices[idx], size)
-            memory = stage_memory_bytes(cost.param_bytes, cost.act_bytes, counts[idx], size)
-            if memory > request.memory_limit:
+            tps = _fitting_tps(request, block, cost, devices[idx], size, counts[idx], may_recompute)
+            if tps is None:
                 break
-            worst = max(worst, cost.tps_ms)
+            recomputing.append(tps > cost.tps_ms)
+            worst = max(worst, tps)
         else:
             source = max(counts.values())
             if best is None or (worst, source) < best[:2]:
-                stages = tuple(StageSpec(ops=tuple(block), num_devices=d, micro_batch_size=size)
-                               for block, d in zip(blocks, devices))
+                stages = tuple(StageSpec(ops=tuple(block), num_devices=d, micro_batch_size=size, recompute=again)
+                               for block, d, again in zip(blocks, devices, recomputing))
                 best = (worst, source, Partition(stages=stages))
     return best
+
+
+def _fitting_tps(request: PlanRequest, block: list[str], cost: StageCost, num_devices: int, size: int, held: int,
+                 may_recompute: bool) -> float | None:
+    """The stage's TPS keeping its activations where that fits the memory limit, else, where `may_recompute`,
+    its TPS recomputing its forward (one more forward of its ops per micro-batch) where that fits; None where
+    neither does. Keeping is never slower, so this per-stage choice is the best for every partition."""
+    limit = request.memory_limit
+    if stage_memory_bytes(cost.param_bytes, cost.act_bytes, held, size) <= limit:
+        return cost.tps_ms
+    if not may_recompute:
+        return None
+    inputs = request.model.recompute_input_bytes(block, size / num_devices)
+    if stage_memory_bytes(cost.param_bytes, cost.act_bytes, held, size, recompute_input_bytes=inputs) > limit:
+        return None
+    ops_fwd_ms = cost.fwd_ms - action_overheads_ms(request.model.device)[0]
+    return cost.tps_ms + recompute_extra_ms(ops_fwd_ms) / size

@@ -26,6 +26,12 @@ dividing b (every device takes b / d whole samples), in the space docs/method.md
 
 Objective: the smallest bottleneck (largest stage TPS), every stage's memory within the limit.
 
+With `recompute`, every stage may instead recompute its forward in its backward (docs/method.md, "Activation
+recomputation"): one more forward of its ops in its TPS, and in memory one micro-batch's activations plus, per
+held micro-batch, its inputs (the producers outside S it reads, and the model inputs among its ops, at b / d).
+Each stage takes whichever variant is better where both fit (`StageModel.variants`), so the optimum covers the
+choice per stage.
+
     TPS(S, d)  = (fwd + bwd + comm + actions) / b + (all_reduce + step) / B     (costs read at b / d samples;
                  actions: the device's per-micro-batch action overheads, step: its optimizer step)
     comm       = 2 (messages · latency + bytes per sample · b / d / bandwidth), messages = producers
@@ -87,8 +93,9 @@ class StageModel:
     """TPS and memory of an op set run as one stage (the formulas of the module docstring)."""
 
     def __init__(self, graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int,
-                 micro_batch_size: int, memory_limit: float) -> None:
-        self.costs, self.cluster, self.limit = costs, cluster, memory_limit
+                 micro_batch_size: int, memory_limit: float, recompute: bool = False) -> None:
+        self.costs, self.cluster, self.limit, self.recompute = costs, cluster, memory_limit, recompute
+        self.inputs = frozenset(graph.inputs)
         self.big_b, self.b = global_batch_size, micro_batch_size
         replicated = {op.name for op in graph.ops if op.replicated}
         self.preds = {op.name: [src for src in dict.fromkeys(op.inputs) if src not in replicated] for op in graph.ops}
@@ -100,7 +107,8 @@ class StageModel:
         self.out_per_sample = {op: costs.entries[op][ref].output_bytes / ref for op in graph.names}
         self.params = {op: costs.entries[op][ref].param_bytes for op in graph.names}
         self._cache: dict[tuple[frozenset[str], int], tuple[float, float, float]] = {}
-        self._held: dict[tuple[frozenset[str], int, int], int] = {}
+        self._again: dict[tuple[frozenset[str], int], tuple[float, float]] = {}  # recomputing: (TPS, input bytes)
+        self._held: dict[tuple[frozenset[str], int, int, bool], int] = {}
 
     def _numbers(self, ops: frozenset[str], d: int) -> tuple[float, float, float]:
         """(TPS, static bytes, activation bytes of one micro-batch) of `ops` on `d` devices."""
@@ -118,6 +126,12 @@ class StageModel:
             tps = time_per_sample_ms(self.cluster.device, compute, comm, self._all_reduce_ms(params, d), params, self.b,
                                      self.big_b)
             self._cache[key] = (tps, 4.0 * params, float(sum(row.act_bytes for row in rows)))
+            if self.recompute:  # one more forward of the ops; held micro-batches keep their inputs only
+                again = time_per_sample_ms(self.cluster.device, compute + sum(row.fwd_ms for row in rows), comm,
+                                           self._all_reduce_ms(params, d), params, self.b, self.big_b)
+                inputs = sum(self.out_per_sample[src] for src in recv) * share + sum(
+                    self.costs.entries[op][share].output_bytes for op in ops if op in self.inputs)
+                self._again[key] = (again, float(round(inputs)))
         return self._cache[key]
 
     def _p2p_link(self) -> Link:
@@ -134,16 +148,29 @@ class StageModel:
     def tps(self, ops: frozenset[str], d: int) -> float:
         return self._numbers(ops, d)[0]
 
-    def memory(self, ops: frozenset[str], d: int, count: int) -> float:
+    def memory(self, ops: frozenset[str], d: int, count: int, again: bool = False) -> float:
+        """Peak bytes holding `count` micro-batches; `again`: recomputing, each held micro-batch keeps its inputs
+        and one keeps its activations while its backward recomputes them."""
         _, static, acts = self._numbers(ops, d)
-        return static + min(count, self.big_b // self.b) * acts
+        held = min(count, self.big_b // self.b)
+        if not again:
+            return static + held * acts
+        return static + acts + held * self._again[(ops, d)][1]
 
-    def most_held(self, ops: frozenset[str], d: int, cap: int) -> int:
+    def most_held(self, ops: frozenset[str], d: int, cap: int, again: bool = False) -> int:
         """The most micro-batches (up to `cap`) the stage can hold within the limit; 0: not even one."""
-        key = (ops, d, cap)
+        key = (ops, d, cap, again)
         if key not in self._held:
-            self._held[key] = max((k for k in range(1, cap + 1) if self.memory(ops, d, k) <= self.limit), default=0)
+            self._held[key] = max((k for k in range(1, cap + 1) if self.memory(ops, d, k, again) <= self.limit),
+                                  default=0)
         return self._held[key]
+
+    def variants(self, ops: frozenset[str], d: int, cap: int) -> list[tuple[float, int]]:
+        """(TPS, most micro-batches held) of the stage keeping its activations and, with `recompute`, recomputing."""
+        keep = [(self.tps(ops, d), self.most_held(ops, d, cap))]
+        if not self.recompute:
+            return keep
+        return [*keep, (self._again[(ops, d)][0], self.most_held(ops, d, cap, again=True))]
 
 
 def _p2p_ms(link: Link, messages: int, num_bytes: float) -> float:
@@ -171,9 +198,9 @@ class ReferenceDP:
     """Min-max DP over the space of the module docstring (tables memoised per part and k_after)."""
 
     def __init__(self, tree: Chain, graph: OpGraph, costs: CostTable, cluster: Cluster, global_batch_size: int,
-                 micro_batch_size: int, memory_limit: float) -> None:
+                 micro_batch_size: int, memory_limit: float, recompute: bool = False) -> None:
         self.tree, self.linear = tree, topological_chain(graph)  # kept alive: the memo is keyed by id
-        self.model = StageModel(graph, costs, cluster, global_batch_size, micro_batch_size, memory_limit)
+        self.model = StageModel(graph, costs, cluster, global_batch_size, micro_batch_size, memory_limit, recompute)
         self.n = cluster.num_devices
         self.degrees = [d for d in range(1, min(micro_batch_size, self.n) + 1) if micro_batch_size % d == 0]
         ref = max(size for per in costs.entries.values() for size in per)
@@ -215,11 +242,11 @@ class ReferenceDP:
         out[d, v] = min over d1 of max(TPS(ops, d1), rest[d - d1, min(v, most held) - 1])."""
         out = self._inf()
         for d1 in self.degrees:
-            held = self.model.most_held(ops, d1, self.n)
-            if held:
-                bound = np.minimum(np.arange(self.n), held - 1)  # for v = 1..N
-                cand = np.maximum(self.model.tps(ops, d1), rest[: self.n + 1 - d1, bound])
-                out[d1:, 1:] = np.minimum(out[d1:, 1:], cand)
+            for tps, held in self.model.variants(ops, d1, self.n):
+                if held:
+                    bound = np.minimum(np.arange(self.n), held - 1)  # for v = 1..N
+                    cand = np.maximum(tps, rest[: self.n + 1 - d1, bound])
+                    out[d1:, 1:] = np.minimum(out[d1:, 1:], cand)
         return out
 
     def part_before(self, part_at: Callable[[int], Table], rest: Table) -> Table:
@@ -237,9 +264,9 @@ class ReferenceDP:
         so v >= count; a merge stage: not an entry). out[d, v] = min over d1 <= d that fit of TPS(ops, d1)."""
         out = self._inf()
         for d1 in self.degrees:
-            if self.model.most_held(ops, d1, self.n) >= count:
-                out[d1:, count if entry else 0 :] = np.minimum(out[d1:, count if entry else 0 :],
-                                                               self.model.tps(ops, d1))
+            for tps, held in self.model.variants(ops, d1, self.n):
+                if held >= count:
+                    out[d1:, count if entry else 0 :] = np.minimum(out[d1:, count if entry else 0 :], tps)
         return out
 
     # ---- chains ------------------------------------------------------------------------------

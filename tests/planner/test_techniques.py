@@ -23,8 +23,9 @@ from graphpipe.simulation.simulator import iteration_lower_bound_s, simulate
 from graphpipe.stages.stage_graph import Plan
 from graphpipe.stages.validate import validate_plan
 from tests.planner.random_sp_graphs import Case, cases
+from tests.planner.reference_dp import ReferenceDP
 from tests.planner.test_ceiling_floor import _limits
-from tests.planner.test_reference_dp import SMALL_SHAPES, report
+from tests.planner.test_reference_dp import SEARCH_TOLERANCE, SMALL_SHAPES, report
 
 GiB = 2**30
 EXACT = 1e-9
@@ -209,3 +210,46 @@ def _oracle_tps(case: Case, fields: dict[str, Any], techniques: str) -> float:
                    found.recompute_stages)
         best = min(best, found.predicted_tps_ms)
     return best
+
+
+def test_the_reference_dp_covers_the_choice_and_bounds_the_planner() -> None:
+    """The tests' reference DP with every stage free to recompute (`ReferenceDP(..., recompute=True)`) is the optimum
+    of graphpipe's space with the per-stage choice: never above it without the choice, a lower bound on graphpipe's
+    best TPS with the choice, and every stage of graphpipe's plan priced as the reference prices its variant. The
+    tally says how often graphpipe's search reaches it."""
+    tally: Counter[str] = Counter()
+
+    @settings(max_examples=60, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    @given(case=cases(shapes=SMALL_SHAPES), held=st.sampled_from((4, 8)), room=st.sampled_from((1.5, 2.5, 4.0)))
+    def check(case: Case, held: int, room: float) -> None:
+        case = dataclasses.replace(case, global_batch_size=case.micro_batch_size * held)
+        limit = _room_for(case, room)
+        args = (case.tree, case.graph, case.costs, case.cluster, case.global_batch_size, case.micro_batch_size, limit)
+        again, plain = ReferenceDP(*args, recompute=True), ReferenceDP(*args)
+        optimum, without = again.optimum(), plain.optimum()
+        assert optimum <= without * (1 + EXACT)
+        if optimum == float("inf"):
+            return
+        tally["cases"] += 1
+        tally["the choice lowers the optimum"] += optimum < without * (1 - EXACT)
+        fields: dict[str, Any] = {"micro_batch_sizes": (case.micro_batch_size,), "memory_limit": limit}
+        try:
+            found = plan(case.graph, case.costs, case.cluster, case.global_batch_size, rank_by="tps",
+                         techniques="recompute", **fields)
+        except PlanningError:
+            tally["graphpipe finds no plan"] += 1
+            return
+        assert found.predicted_tps_ms >= optimum * (1 - EXACT), case.describe()
+        for stage in found.stages:  # each stage's TPS and memory are the reference's for its variant
+            ops, d = frozenset(stage.ops), len(stage.ranks)
+            tps, _ = again.model.variants(ops, d, case.cluster.num_devices)[int(stage.recompute)]
+            assert stage.tps_ms == pytest.approx(tps, rel=EXACT)
+            count = stage.in_flight_samples // case.micro_batch_size
+            assert stage.memory_bytes == pytest.approx(again.model.memory(ops, d, count, stage.recompute), abs=2)
+        tally["graphpipe within 1% of the optimum"] += found.predicted_tps_ms <= optimum * 1.01
+        tally["graphpipe at the optimum"] += found.predicted_tps_ms <= optimum * (1 + SEARCH_TOLERANCE)
+
+    check()
+    report("graphpipe with recomputation vs the reference DP with the choice", tally)
+    assert tally["the choice lowers the optimum"] > 0, tally

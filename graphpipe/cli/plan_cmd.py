@@ -69,19 +69,20 @@ def add_parser(subparsers: Any) -> None:
 
 
 def add_techniques_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--techniques", type=techniques_arg, default=(), metavar="LIST",
+    parser.add_argument("--techniques", default="none", metavar="LIST",
                         help="what the planner may also choose, ranked by simulation like the rest: recompute "
                              "(stages recompute their forward where a plan needs more memory than a device has), "
                              "zero-bubble (the split-backward schedule), all, or none (default)")
 
 
-def techniques_arg(text: str) -> tuple[str, ...]:
+def parse_techniques_arg(text: str) -> tuple[str, ...]:
+    """--techniques as `PlanOptions.techniques`; UsageError naming the flag and the known names."""
     from graphpipe.planner.options import parse_techniques
 
     try:
         return parse_techniques(text)
     except PlanningError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+        raise UsageError(f"--techniques {text}: {err}") from None
 
 
 def add_planner_limit_args(parser: argparse.ArgumentParser) -> None:
@@ -167,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
 
     global_batch = args.global_batch or args.batch or 128
     sizes = parse_sizes(args.micro_batch_sizes, global_batch)
+    techniques = parse_techniques_arg(args.techniques)
     check_output_files(("-o", args.output, "plan.json"))
     _, graph = capture_from_args(args)
     cluster = Cluster.preset(args.cluster, args.devices)
@@ -179,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     with PlanProgressBar(args.planner) as progress:
         result = plan(graph, costs, cluster, global_batch, planner=args.planner, micro_batch_sizes=sizes,
                       memory_limit=limit, rank_by=args.rank_by, use_all_devices=args.use_all_devices,
-                      granularity=args.granularity, techniques=args.techniques, cost_source=source, progress=progress,
+                      granularity=args.granularity, techniques=techniques, cost_source=source, progress=progress,
                       **planner_limits(args))
     result = dataclasses.replace(apply_recompute(result, args.recompute, costs, cluster),
                                  model_spec=model_spec_from_args(args, source.device))
@@ -193,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"costs: {source}")
         if result.recompute_stages:
             print("recompute: " + ",".join(f"s{idx}" for idx in result.recompute_stages))
-        if args.techniques:
+        if techniques:
             print(f"schedule: {result.schedule}")
         hint = granularity_hint(graph) if args.granularity == "op" else None
         for note in (*result.notes, *([hint] if hint else [])):

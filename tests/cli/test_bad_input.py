@@ -287,6 +287,8 @@ BAD_INPUTS: dict[str, tuple[list[str], str]] = {
     "micro-batch empty": ([*MMT, "--micro-batch-sizes", ","], "',': write whole numbers"),
     "micro-batch too large": ([*MMT, "--micro-batch-sizes", "16"], "16 is not a micro-batch size of the mini-batch"),
     "micro-batch divides not": ([*MMT, "--micro-batch-sizes", "3"], "none divides the mini-batch of 8; give sizes"),
+    "unknown technique": ([*MMT, "--techniques", "recompute,offload"],
+                          "unknown technique(s) offload; choose from none, all, recompute, zero-bubble"),
     "mini-batch too large to plan": ([*MMT, "--mini-batch", "1000000000"],
                                      "splits into at least 1,953,125 micro-batches (its largest micro-batch size is "
                                      "512)"),

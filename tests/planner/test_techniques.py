@@ -152,7 +152,7 @@ def test_the_exhaustive_oracle_chooses_per_stage_and_bounds_the_planner() -> Non
     (plans found on recomputing costs, then recomputed where they exceed the limit) is from it."""
     tally: Counter[str] = Counter()
 
-    @settings(max_examples=60, deadline=None,
+    @settings(max_examples=60, deadline=None, derandomize=True,  # the same cases every run: the tally is reported
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     @given(case=cases(shapes=SMALL_SHAPES, max_units=ORACLE_UNITS), held=st.sampled_from((4, 8)),
            room=st.sampled_from((1.5, 2.5, 4.0)))
@@ -221,7 +221,7 @@ def test_the_reference_dp_covers_the_choice_and_bounds_the_planner() -> None:
     tally says how often graphpipe's search reaches it."""
     tally: Counter[str] = Counter()
 
-    @settings(max_examples=60, deadline=None,
+    @settings(max_examples=150, deadline=None, derandomize=True,  # the same cases every run: the tally is reported
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     @given(case=cases(shapes=SMALL_SHAPES), held=st.sampled_from((4, 8)), room=st.sampled_from((1.5, 2.5, 4.0)))
     def check(case: Case, held: int, room: float) -> None:

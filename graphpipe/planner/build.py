@@ -72,7 +72,10 @@ def build_plan(model: CostModel, partition: Partition, planner: str) -> Plan:
                 cluster=model.cluster.to_dict(), shared_params=shared_parameters(graph, stage_of),
                 **runtime_contract(graph))
     recomputing = [idx for idx, spec in enumerate(specs) if spec.recompute]
-    return reprice_recompute(plan, recomputing, model.costs) if recomputing else plan
+    if not recomputing:
+        return plan
+    plan = reprice_recompute(plan, recomputing, model.costs)
+    return dataclasses.replace(plan, predicted_samples_per_s=1e3 / plan.predicted_tps_ms)
 
 
 def _priced(model: CostModel, idx: int, ops: tuple[str, ...], ranks: tuple[int, ...], micro_batch_size: int,

@@ -15,9 +15,9 @@ for every planner, so a comparison between planners stays like-for-like:
   peak memory is 1F1B's (`graphpipe.schedule.zero_bubble`), so it fits wherever its 1F1B twin does.
 
 The plain candidates stay in the ranking, so a plan with these choices is never slower, simulated, than the
-plan without them. The recompute choice is made per plan after the search, not inside the DP: the DP prices
-the plans of a relaxed limit with whole activations kept (`docs/architecture.md`, "Recomputation as a
-planner choice").
+plan without them. The DP prices a recomputing stage's time exactly and its memory by the stand-in of divided
+activations; the per-stage choice is then made on the simulator's rule (`docs/architecture.md`, "Recomputation
+and zero-bubble as planner choices", with its distance to the exact choice measured against two oracles).
 """
 
 from __future__ import annotations

@@ -20,10 +20,10 @@ from graphpipe.graph.toposort import priority_topological_order
 from graphpipe.planner.placement import place
 from graphpipe.planner.stage_cost import CostModel
 from graphpipe.planner.stage_spec import Partition, StageSpec
-from graphpipe.simulation.reprice import reprice_recompute
 from graphpipe.stages.crossing import crossing_tensors
 from graphpipe.stages.in_flight import in_flight_samples
 from graphpipe.stages.memory import stage_memory_bytes
+from graphpipe.stages.recompute import reprice_recompute
 from graphpipe.stages.stage_graph import Plan, Stage, StageEdge
 
 

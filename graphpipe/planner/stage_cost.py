@@ -143,7 +143,7 @@ class CostModel:
     def recompute_input_bytes(self, ops: Iterable[str], per_device_batch: float) -> float:
         """What a recomputing stage of `ops` keeps of one micro-batch share of `per_device_batch` samples: the
         values it receives and the model inputs among its ops, as the simulator counts them
-        (`graphpipe.simulation.stage_cost.recompute_input_bytes`)."""
+        (`graphpipe.stages.recompute.recompute_input_bytes`)."""
         ops = tuple(ops)
         received = sum(self.out_bytes_per_sample[op] for op in self.boundary_sides(ops)[0]) * per_device_batch
         return round(received + sum(self.costs.at(op, per_device_batch).output_bytes

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from graphpipe.cost.cost_table import CostTable
 from graphpipe.cost.formulas.time_per_sample import recompute_extra_ms
 from graphpipe.errors import PlanningError
-from graphpipe.simulation.reprice import reprice_recompute
+from graphpipe.stages.recompute import reprice_recompute
 from graphpipe.stages.stage_graph import Plan
 
 ACTIVATION_DIVISORS = (2, 4, 8)  # what the recompute search divides kept activations by (module docstring)

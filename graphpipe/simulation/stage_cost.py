@@ -22,6 +22,7 @@ from dataclasses import replace
 from graphpipe.cost.cluster import Device
 from graphpipe.cost.cost_table import CostTable
 from graphpipe.cost.formulas.time_per_sample import action_overheads_ms, recompute_extra_ms
+from graphpipe.stages.recompute import recompute_input_bytes
 from graphpipe.stages.stage_cost import StageCost
 from graphpipe.stages.stage_graph import Plan, Stage
 
@@ -40,17 +41,6 @@ def stage_cost(stage: Stage, costs: CostTable, device: Device | None = None, inp
     return StageCost(fwd_ms=ops_fwd_ms + fwd_extra_ms, bwd_ms=bwd_ms,
                      act_bytes=sum(p.act_bytes for p in parts), param_bytes=sum(p.param_bytes for p in parts),
                      recompute=stage.recompute, input_bytes=input_bytes if stage.recompute else 0)
-
-
-def recompute_input_bytes(plan: Plan, stage: Stage, costs: CostTable) -> int:
-    """What a recomputing stage keeps of one micro-batch share on one rank: the values it receives (its incoming
-    stage edges' `bytes_per_sample`) and the model inputs among its ops (`Plan.input_batch_axes`; their
-    `output_bytes` in the cost table), at micro_batch_size / d samples. The model inputs are views of the
-    mini-batch, which the runtime holds for the whole step anyway: counting them is on the safe side."""
-    per_rank = stage.micro_batch_size / stage.data_parallel_degree
-    received = sum(edge.bytes_per_sample for edge in plan.edges if edge.dst == stage.idx) * per_rank
-    model_inputs = sum(costs.at(op, per_rank).output_bytes for op in stage.ops if op in plan.input_batch_axes)
-    return round(received + model_inputs)
 
 
 def stage_costs(plan: Plan, costs: CostTable, device: Device | None = None) -> dict[int, StageCost]:

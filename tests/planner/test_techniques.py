@@ -18,8 +18,8 @@ from graphpipe.planner.build import build_plan
 from graphpipe.planner.options import PlanOptions, parse_techniques
 from graphpipe.planner.techniques import recomputed_to_fit, recomputing_costs, zero_bubble_twin
 from graphpipe.planning import plan
-from graphpipe.simulation.reprice import reprice_recompute
 from graphpipe.simulation.simulator import iteration_lower_bound_s, simulate
+from graphpipe.stages.recompute import reprice_recompute
 from graphpipe.stages.stage_graph import Plan
 from graphpipe.stages.validate import validate_plan
 from tests.planner.random_sp_graphs import Case, cases

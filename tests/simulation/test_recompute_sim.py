@@ -21,8 +21,9 @@ from graphpipe.planner.stage_cost import CostModel
 from graphpipe.simulation.reprice import recompute_plan
 from graphpipe.simulation.result import SimResult
 from graphpipe.simulation.simulator import simulate
-from graphpipe.simulation.stage_cost import recompute_input_bytes, stage_costs
+from graphpipe.simulation.stage_cost import stage_costs
 from graphpipe.stages.memory import stage_memory_bytes
+from graphpipe.stages.recompute import recompute_input_bytes
 from tests.planner.test_one_cost_rule import closed_form_tps, summit, tied_costs, tied_graph
 from tests.simulation.factories import chain, diamond, make_costs, make_plan
 

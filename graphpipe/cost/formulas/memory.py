@@ -69,7 +69,7 @@ def max_in_flight_micro_batches_array(param_bytes: np.ndarray, act_bytes_per_mic
 #
 # "Input bytes" are what the checkpoint keeps of a micro-batch: the values the stage receives (its incoming
 # stage edges' bytes per sample) and the model inputs it reads, at the rank's share of the micro-batch
-# (`graphpipe.simulation.stage_cost.recompute_input_bytes`). Counting the one micro-batch whose forward is
+# (`graphpipe.stages.recompute.recompute_input_bytes`). Counting the one micro-batch whose forward is
 # recomputed both in the held inputs and in its full activations is on the safe side by one input.
 
 def recompute_activation_bytes(input_bytes_per_micro_batch: float, act_bytes_per_micro_batch: float,

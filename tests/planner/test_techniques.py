@@ -74,6 +74,7 @@ def test_mmt_recomputes_where_memory_binds_and_gains_the_split_backward() -> Non
     both = plan(graph, costs, cluster, 128, memory_limit=limit, techniques="all")
     assert plain.recompute_stages == () and plain.stages[0].micro_batch_size == 1
     assert chosen.recompute_stages and chosen.predicted_iteration_s < plain.predicted_iteration_s
+    assert {stage.micro_batch_size for stage in chosen.stages} == {2}
     assert both.schedule == "zero-bubble" and both.predicted_iteration_s <= chosen.predicted_iteration_s
     for found in (chosen, both):
         validate_plan(found, graph, cluster, memory_limit=limit)

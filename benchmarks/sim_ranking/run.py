@@ -1,7 +1,7 @@
 """Does the simulator rank plans as this machine runs them? Candidate plans of three models on 2 ranks.
 
     .venv/bin/python benchmarks/sim_ranking/run.py                   # results.json and a table per model
-    .venv/bin/python benchmarks/sim_ranking/run.py --models mmt --rounds 3
+    .venv/bin/python benchmarks/sim_ranking/run.py --models mmt --rounds 3 --recordings 1
 
 Per model (the zoo's tiny presets, widened as in `benchmarks/runtime`, mini-batch 32):
 
@@ -18,11 +18,14 @@ Per model (the zoo's tiny presets, widened as in `benchmarks/runtime`, mini-batc
    calibration.
 4. Measure: 2 gloo ranks, one thread each (2 cores: no oversubscription), every candidate trained with Adam,
    `--rounds` rounds of `--iters` iterations, the candidates interleaved within each round so that machine
-   noise hits each alike; the median over rounds.
+   noise hits each alike; the median over rounds (and the fastest round beside it: noise here only slows).
+5. `--recordings` times over, each from its own calibration: one calibration and one measurement are each a
+   few minutes of a host whose speed moves.
 
 Reported: per plan the simulated and measured iteration and the error; per model the median |error|, the
 rank agreement of the two orders (Kendall's tau) and whether the simulator's fastest plan is the measured
-fastest, or within the measured spread of it. Run it on a quiet machine: it times the CPU.
+fastest, or within the measured spread of it; then per model over the recordings. Run it on a quiet
+machine: it times the CPU.
 """
 
 from __future__ import annotations
@@ -223,6 +226,7 @@ def summarise(item: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
         rows.append({"label": row["label"], "simulated_ms": row["simulated_s"] * 1e3, "measured_ms": median * 1e3,
                      "measured_min_ms": min(seconds) * 1e3, "measured_max_ms": max(seconds) * 1e3,
                      "error": row["simulated_s"] / median - 1,
+                     "error_fastest_round": row["simulated_s"] / min(seconds) - 1,
                      "one_process_error": row["simulated_one_process_s"] / median - 1,
                      "other_load": other, "plan": row["plan"]})
     simulated = [r["simulated_ms"] for r in rows]
@@ -232,6 +236,7 @@ def summarise(item: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
     return {"model": item["model"], "options": item["options"], "calibration": item["calibration"],
             "cluster": item["cluster"], "rows": rows,
             "host": item["host"], "median_abs_error": statistics.median(abs(r["error"]) for r in rows),
+            "median_abs_error_fastest_round": statistics.median(abs(r["error_fastest_round"]) for r in rows),
             "one_process_median_abs_error": statistics.median(abs(r["one_process_error"]) for r in rows),
             "kendall_tau": kendall_tau(simulated, actual),
             "simulated_fastest": rows[sim_best]["label"], "measured_fastest": rows[real_best]["label"],
@@ -240,7 +245,8 @@ def summarise(item: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(summary: dict[str, Any]) -> str:
-    lines = [f"{summary['model']}: median |error| {summary['median_abs_error']:.0%} (one-process calibration: "
+    lines = [f"{summary['model']}: median |error| {summary['median_abs_error']:.0%} (against each plan's fastest "
+             f"round {summary['median_abs_error_fastest_round']:.0%}; one-process calibration: "
              f"{summary['one_process_median_abs_error']:.0%}), Kendall's tau "
              f"{summary['kendall_tau']:+.2f}, simulator's fastest is the measured fastest (or within its spread): "
              f"{'yes' if summary['fastest_agrees'] else 'no'}",
@@ -253,31 +259,70 @@ def render(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def record(models: list[str], rounds: int, iters: int) -> dict[str, Any]:
+    """One recording: calibrate this host, then simulate and measure every model's candidates."""
+    calibration = calibrate_host()
+    link, collective, host = calibration["link"], calibration["collective"], calibration["details"]["host"]
+    print(f"this host: loopback {link['latency_us']:.0f} us one way, {link['bandwidth_gb_per_s']:.2f} GB/s; "
+          f"all-reduce as a ring on {collective['latency_us']:.0f} us, {collective['bandwidth_gb_per_s']:.2f} GB/s; "
+          f"a pipeline's ops x{host['compute_scale']:.2f} per sample, x{host.get('fwd_call_scale') or 0:.2f}/"
+          f"x{host.get('bwd_call_scale') or 0:.2f} per call, actions +{host['fwd_action_overhead_us']:.0f}/"
+          f"+{host['bwd_action_overhead_us']:.0f} us, step +{host['step_overhead_us']:.0f} us (fit error "
+          f"{host['median_rel_error']:.0%}, spread {host['iteration_spread']:.0%})", flush=True)
+    prepared = []
+    for name in models:
+        prepared.append(prepare(name, link, calibration))
+        print(f"{name}: {prepared[-1]['calibration']}; {len(prepared[-1]['candidates'])} candidates", flush=True)
+    measured = measure(prepared, rounds, iters)
+    summaries = [summarise(item, measured[item["model"]]) for item in prepared]
+    for summary in summaries:
+        print(render(summary), flush=True)
+    return {"host_calibration": calibration, "models": summaries}
+
+
+def across(recordings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per model over the recordings: each one's median |error| and whether its fastest agreed."""
+    rows = []
+    for name in [summary["model"] for summary in recordings[0]["models"]]:
+        found = [summary for rec in recordings for summary in rec["models"] if summary["model"] == name]
+        errors = [summary["median_abs_error"] for summary in found]
+        fastest_round = [summary["median_abs_error_fastest_round"] for summary in found]
+        rows.append({"model": name, "median_abs_errors": errors, "median_over_recordings": statistics.median(errors),
+                     "within_15": sum(error <= 0.15 for error in errors),
+                     "median_abs_errors_fastest_round": fastest_round,
+                     "within_15_fastest_round": sum(error <= 0.15 for error in fastest_round),
+                     "fastest_agrees": sum(summary["fastest_agrees"] for summary in found),
+                     "kendall_tau": [summary["kendall_tau"] for summary in found], "recordings": len(found)})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--recordings", type=int, default=3,
+                        help="independent recordings, each with its own calibration (default 3)")
     parser.add_argument("--out", default=str(HERE / "results.json"))
     args = parser.parse_args()
-    calibration = calibrate_host()
-    link, collective, host = calibration["link"], calibration["collective"], calibration["details"]["host"]
-    print(f"this host: loopback {link['latency_us']:.0f} us one way, {link['bandwidth_gb_per_s']:.2f} GB/s; "
-          f"all-reduce as a ring on {collective['latency_us']:.0f} us, {collective['bandwidth_gb_per_s']:.2f} GB/s; "
-          f"a pipeline's compute x{host['compute_scale']:.2f}, actions +{host['fwd_action_overhead_us']:.0f}/"
-          f"+{host['bwd_action_overhead_us']:.0f} us, step +{host['step_overhead_us']:.0f} us (fit error "
-          f"{host['median_rel_error']:.0%}, spread {host['iteration_spread']:.0%})", flush=True)
-    prepared = []
-    for name in args.models.split(","):
-        prepared.append(prepare(name, link, calibration))
-        print(f"{name}: {prepared[-1]['calibration']}; {len(prepared[-1]['candidates'])} candidates", flush=True)
-    measured = measure(prepared, args.rounds, args.iters)
-    summaries = [summarise(item, measured[item["model"]]) for item in prepared]
-    for summary in summaries:
-        print(render(summary))
+    recordings = []
+    for index in range(args.recordings):
+        print(f"recording {index + 1} of {args.recordings}", flush=True)
+        recordings.append(record(args.models.split(","), args.rounds, args.iters))
+    summary = across(recordings)
+    for later in recordings[1:]:  # the plans are the first recording's (the same candidates, in its order)
+        for model in later["models"]:
+            for row in model["rows"]:
+                row.pop("plan", None)
+    for row in summary:
+        errors = ", ".join(f"{error:.0%}" for error in row["median_abs_errors"])
+        print(f"{row['model']}: median |error| per recording {errors} (median {row['median_over_recordings']:.0%}; "
+              f"within 15% in {row['within_15']} of {row['recordings']}; against each plan's fastest round within "
+              f"15% in {row['within_15_fastest_round']}); fastest agrees in {row['fastest_agrees']} of "
+              f"{row['recordings']}")
     Path(args.out).write_text(json.dumps({"world_size": WORLD, "batch": BATCH, "rounds": args.rounds,
-                                          "iters": args.iters, "host_calibration": calibration,
-                                          "models": summaries}, indent=1))
+                                          "iters": args.iters, "across_recordings": summary,
+                                          "recordings": recordings}))
 
 
 if __name__ == "__main__":

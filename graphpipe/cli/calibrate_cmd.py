@@ -36,7 +36,8 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(batch=None)
     parser.add_argument("--workers", type=positive_int, default=2,
                         help="worker processes that train at once (default 2: the ranks of a two-stage plan)")
-    parser.add_argument("--steps", type=positive_int, default=8, help="timed iterations per micro-batch size")
+    parser.add_argument("--steps", type=positive_int, default=24,
+                        help="timed iterations per micro-batch size (default 24; the sizes take turns)")
     parser.add_argument("-o", "--output", default=None, metavar="FILE",
                         help="where to keep it (default: the host cache, `graphpipe calibrate --show` names it)")
     parser.add_argument("--keep-noisy", action="store_true",
@@ -74,7 +75,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from graphpipe.cli.profile_cmd import powers_of_two_up_to
     from graphpipe.cost.calibrate import fit_device
     from graphpipe.cost.host_cache import CachedHost, save_host
-    from graphpipe.cost.host_calibration import fit_host
+    from graphpipe.cost.host_calibration import HostCalibration, fit_host
     from graphpipe.cost.profile import profile
     from graphpipe.runtime.host_timing import measure_adam_streaming, measure_runtime
     from graphpipe.runtime.loopback import measure_all_reduce, measure_link
@@ -89,11 +90,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     fit = fit_device(graph, table)
     _say(args, "timing Adam's step")
     step_bandwidth = measure_adam_streaming()
-    hosts = {}
+    hosts: dict[int, HostCalibration] = {}
     for workers in (1, args.workers):
-        _say(args, f"training it on {workers} process{'es as a pipeline' if workers > 1 else ''}")
+        _say(args, f"training it on {workers} process{'es as a pipeline and data parallel' if workers > 1 else ''}")
         timings = measure_runtime(args.model, args.preset, model_options(args), graph.example_batch_size, sizes,
                                   workers=workers, steps=args.steps)
+        if workers > 1:  # a plan on several workers pipelines, replicates, or both: fit one host to both
+            replicas = measure_runtime(args.model, args.preset, model_options(args), graph.example_batch_size, sizes,
+                                       workers=workers, steps=args.steps, data_parallel=True)
+            timings = [chain + replica for chain, replica in zip(timings, replicas)]
         hosts[workers] = fit_host(timings, table, fit.device, step_bandwidth)
     host, single = hosts[args.workers], hosts[1]
     _say(args, "measuring gloo over loopback")
@@ -120,6 +125,8 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 
 def _report(data: dict[str, Any], path: Path, as_json: bool) -> None:
+    from graphpipe.cost.host_calibration import HostCalibration
+
     if as_json:
         print_json({**data, "path": str(path)})
         return
@@ -128,9 +135,11 @@ def _report(data: dict[str, Any], path: Path, as_json: bool) -> None:
     print(f"this host ({data['machine']['host']}, {data['machine']['cpus']} cores, torch {data['machine']['torch']}), "
           f"kept in {path}:")
     print(f"  ops: {details['device_fit']}")
-    for label, fitted in ((f"{host['workers']} workers as a pipeline", host), ("one worker alone",
+    for label, fitted in ((f"{host['workers']} workers (a pipeline, data parallel)", host), ("one worker alone",
                                                                              details["host_single"])):
-        print(f"  {label}: compute x{fitted['compute_scale']:.2f}; per forward action "
+        calls = HostCalibration(**fitted).call_scales
+        print(f"  {label}: ops' per-sample time x{fitted['compute_scale']:.2f}, per-call time x{calls[0]:.2f} "
+              f"forward, x{calls[1]:.2f} backward; per forward action "
               f"+{fitted['fwd_action_overhead_us']:.0f} us, per backward +{fitted['bwd_action_overhead_us']:.0f} us, "
               f"per optimizer step +{fitted['step_overhead_us']:.0f} us (fit error {fitted['median_rel_error']:.0%})")
     print(f"  Adam streams its state at {host.get('step_bandwidth_gb_per_s', 0):.2f} GB/s")

@@ -18,8 +18,9 @@ NOISY_SPREAD = 0.10  # above this, `profile` warns: on a quiet machine the sprea
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "profile", help="cost every op per micro-batch size (measured, or analytic with --analytic)",
-        description="Time each op's forward and backward in isolation for each micro-batch size (or, with "
-                    "--analytic DEVICE, estimate them from FLOPs and bytes) and save the cost table as JSON.")
+        description="Time each op's forward and backward in isolation for each micro-batch size, scaled to sum to "
+                    "the whole model's pass (or, with --analytic DEVICE, estimate them from FLOPs and bytes) and "
+                    "save the cost table as JSON.")
     add_model_args(parser)
     parser.add_argument("--micro-batch-sizes", type=size_list, default=None, metavar="1,2,4",
                         help="micro-batch sizes to cost (default: powers of two up to the example batch; "
@@ -31,6 +32,9 @@ def add_parser(subparsers: Any) -> None:
                         help="torch CPU threads while measuring (default 1: one worker process's view)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed runs per op (default 2)")
     parser.add_argument("--repeats", type=positive_int, default=5, help="timed runs per op; the median is kept")
+    parser.add_argument("--ops-alone", action="store_true",
+                        help="keep each op's time alone; by default each size's op times are scaled to sum to the "
+                             "whole model's forward and backward, as a stage runs them")
     parser.add_argument("--calibrate", action="store_true",
                         help="also fit a device to the measured table (for the analytic model) and print it")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -63,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         sizes = args.micro_batch_sizes or powers_of_two_up_to(graph.example_batch_size)
         table = profile(graph, zoo.model, sizes, example_inputs=zoo.inputs, device=args.device,
                         warmup=args.warmup, repeats=args.repeats, leaf_modules=args.leaf_modules,
-                        progress=not args.no_progress, num_threads=args.threads if args.device == "cpu" else None)
+                        progress=not args.no_progress, num_threads=args.threads if args.device == "cpu" else None,
+                        whole_pass=not args.ops_alone)
         # on CUDA each op is timed between two CUDA events (its kernels), on the CPU by the host's clock
         extra["timed_by"] = "CUDA events" if args.device == "cuda" else "host clock"
         if args.calibrate:

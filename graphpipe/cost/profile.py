@@ -12,6 +12,14 @@ is measured up front and taken off every backward. The activations the op keeps 
 On CUDA the times are the device's, between two `torch.cuda.Event`s around the call (what the kernels
 take, not their launches); on the CPU the host's wall time.
 
+An op timed alone is not an op in a pass: its inputs and weights are hot in cache, and a backward of one op
+pays per op what one engine pass over the model pays once. On the CPU the sums of the ops' times are 20-60%
+off the model's own pass either way (a model of many narrow ops sums higher, one of wide matmuls lower). So
+each size's whole forward (the traced module called) and backward (one `autograd.grad` over every trainable
+weight) are timed too, and the ops' forward and backward times are scaled, each pass apart, to sum to them
+(`whole_pass=False` keeps the ops' own times): a stage's share keeps the profile's shape, and the whole
+model's time is what it runs.
+
 The model is profiled in training mode; its mode, buffers (e.g. BatchNorm statistics),
 gradients and the global RNG state are left as they were.
 """
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import operator
 import statistics
 import time
@@ -45,12 +54,14 @@ Inputs = tuple[tuple[Any, ...], dict[str, Any], list[torch.Tensor]]  # args, kwa
 def profile(graph: OpGraph, model: nn.Module, micro_batch_sizes: Sequence[int], *,
             example_inputs: Any = None, device: str = "cpu", warmup: int = 2, repeats: int = 5,
             leaf_modules: Iterable[type | str] = (), progress: bool = True,
-            num_threads: int | None = None) -> CostTable:
+            num_threads: int | None = None, whole_pass: bool = True) -> CostTable:
     """A measured cost table (source "measured") for `graph`, captured from `model` with the same leaf modules.
 
     `example_inputs` (batch first) are sliced or repeated to each micro-batch size; without
     them, inputs are made from the graph's input shapes (random floats, zero indices).
-    `num_threads` sets torch's CPU threads while profiling (1 = one worker process's view).
+    `num_threads` sets torch's CPU threads while profiling (1 = one worker process's view). With `whole_pass`
+    each size's op times are scaled, forward and backward apart, to sum to the whole model's pass as a stage
+    runs it (see the module docstring); without it they are the ops' times alone.
     """
     sizes = check_micro_batch_sizes(micro_batch_sizes)
     if warmup < 0 or repeats < 1:
@@ -69,6 +80,8 @@ def profile(graph: OpGraph, model: nn.Module, micro_batch_sizes: Sequence[int], 
             timer.spread.clear()
             per_size[size] = _OpProfiler(gm, timer, bar, size).profile(inputs)
             spreads.append(timer.spread.relative())
+            if whole_pass:
+                per_size[size] = _summing_to(per_size[size], timer.whole_pass_ms(gm, inputs))
     entries = {op.name: {size: _with_params(per_size[size][op.name], trainable_param_bytes(op)) for size in sizes}
                for op in graph.ops}
     return CostTable(device=_device_name(target), source="measured", entries=entries, spread=max(spreads))
@@ -151,6 +164,20 @@ class OpTimer:
         start_s = time.perf_counter()
         out = run()
         return out, (time.perf_counter() - start_s) * 1e3
+
+    def whole_pass_ms(self, gm: torch.fx.GraphModule, inputs: tuple[Any, ...]) -> tuple[float, float]:
+        """Median forward and backward ms of the whole traced model on `inputs` (the backward less the engine's
+        fixed per-call overhead, as each op's is): what the ops' times are scaled to sum to."""
+        weights: list[torch.Tensor] = [p for p in gm.parameters() if p.requires_grad]
+        samples = []
+        with torch.enable_grad():
+            for _ in range(self.warmup + self.repeats):
+                out, fwd_ms = self._timed(lambda: gm(*inputs))
+                outs = [t for t in tensors_in(out) if t.requires_grad]
+                bwd_ms = self._grad_ms(outs, weights) - self.engine_overhead_ms if outs and weights else 0.0
+                samples.append((fwd_ms, max(bwd_ms, 0.0)))
+        kept = samples[self.warmup:]
+        return statistics.median(f for f, _ in kept), statistics.median(b for _, b in kept)
 
     def _measure_engine_overhead(self) -> float:
         """The fixed cost of one `autograd.grad` call, which a whole-model backward pays once, not per op."""
@@ -243,6 +270,16 @@ class _OpProfiler(torch.fx.Interpreter):
         if n.op == "call_module":
             leaves.extend(p for p in self.module.get_submodule(str(n.target)).parameters() if p.requires_grad)
         return tuple(args), dict(kwargs), leaves
+
+
+def _summing_to(costs: dict[str, OpCost], whole_ms: tuple[float, float]) -> dict[str, OpCost]:
+    """`costs` with the forward and the backward times each scaled to sum to `whole_ms` (a pass whose ops took
+    no time, or a whole pass not timed, is left as it is)."""
+    fwd_sum, bwd_sum = sum(c.fwd_ms for c in costs.values()), sum(c.bwd_ms for c in costs.values())
+    fwd_scale = whole_ms[0] / fwd_sum if fwd_sum > 0 and whole_ms[0] > 0 else 1.0
+    bwd_scale = whole_ms[1] / bwd_sum if bwd_sum > 0 and whole_ms[1] > 0 else 1.0
+    return {name: dataclasses.replace(cost, fwd_ms=cost.fwd_ms * fwd_scale, bwd_ms=cost.bwd_ms * bwd_scale)
+            for name, cost in costs.items()}
 
 
 def _used_outputs(n: torch.fx.Node) -> Callable[[Any], Any]:

@@ -2,10 +2,12 @@
 
 `workers` gloo ranks (one thread each) train the reference model as a chain of `workers` stages, one rank
 each, at each micro-batch size: the pipeline a plan runs, with its sends and receives, its stages computing
-at once. Per rank and size it reports the medians of each forward and backward action (a send counts with
-the compute that produced it: the host copies and posts it before the next action), of the optimizer
-step, and of the iteration's time outside every action (clearing gradients, slicing the batch); waits for
-a receive are the schedule's, which the simulator plays, and are left out.
+at once; or (`data_parallel`) as one stage on all of them, every rank computing the same ops at the same
+time and all-reducing the gradients. The sizes take turns, one iteration each per round. Per rank and size
+it reports the medians of each forward and backward action (a send counts with the compute that produced
+it: the host copies and posts it before the next action), of the optimizer step, and of the iteration's
+time outside every action (clearing gradients, slicing the batch); waits for a receive are the schedule's,
+which the simulator plays, and are left out.
 """
 
 from __future__ import annotations
@@ -25,12 +27,17 @@ WARM_UP_STEPS = 2
 
 
 def measure_runtime(spec: str, preset: str, options: dict[str, Any], batch_size: int, sizes: Sequence[int],
-                    workers: int = 2, steps: int = 8, timeout_s: float = 600.0) -> list[list[SizeTiming]]:
+                    workers: int = 2, steps: int = 8, timeout_s: float = 600.0,
+                    data_parallel: bool = False) -> list[list[SizeTiming]]:
     """Per rank, a `SizeTiming` per micro-batch size of `sizes`, from `steps` timed iterations of the model
     (`graphpipe.models.load_model(spec, preset, **options)`) as a `workers`-stage chain on `workers` gloo
-    ranks (see the module docstring)."""
+    ranks, or with `data_parallel` as one stage on all of them (sizes below `workers` left out; see the module
+    docstring)."""
+    if data_parallel:
+        sizes = [size for size in sizes if size >= workers and size % workers == 0]
+    arguments = (spec, preset, options, batch_size, tuple(sizes), steps, data_parallel)
     try:
-        messages = run_ranks(workers, _rank_main, (spec, preset, options, batch_size, tuple(sizes), steps), timeout_s)
+        messages = run_ranks(workers, _rank_main, arguments, timeout_s)
     except RuntimeError as err:
         raise CostError(f"host calibration failed: {err}") from None
     found = {rank: timings for _, rank, timings in messages}
@@ -38,7 +45,7 @@ def measure_runtime(spec: str, preset: str, options: dict[str, Any], batch_size:
 
 
 def _rank_main(rank: int, world: int, port: int, spec: str, preset: str, options: dict[str, Any], batch_size: int,
-               sizes: tuple[int, ...], steps: int, queue: Any) -> None:
+               sizes: tuple[int, ...], steps: int, data_parallel: bool, queue: Any) -> None:
     import torch
     import torch.distributed as dist
 
@@ -47,7 +54,7 @@ def _rank_main(rank: int, world: int, port: int, spec: str, preset: str, options
         store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False,  # type: ignore[attr-defined]
                               timeout=timedelta(seconds=120))
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=300))
-        timings = [_time_size(rank, world, spec, preset, options, batch_size, size, steps) for size in sizes]
+        timings = _time_sizes(rank, world, spec, preset, options, batch_size, sizes, steps, data_parallel)
         dist.destroy_process_group()
         queue.put(("timings", rank, timings))
     except BaseException:
@@ -55,18 +62,31 @@ def _rank_main(rank: int, world: int, port: int, spec: str, preset: str, options
     queue.put(("done", rank))
 
 
-def _time_size(rank: int, world: int, spec: str, preset: str, options: dict[str, Any], batch_size: int, size: int,
-               steps: int) -> SizeTiming:
+def _time_sizes(rank: int, world: int, spec: str, preset: str, options: dict[str, Any], batch_size: int,
+                sizes: tuple[int, ...], steps: int, data_parallel: bool) -> list[SizeTiming]:
+    """A `SizeTiming` per size, from `steps` rounds that each time one iteration of every size in turn: a burst of
+    another process's work then slows one iteration of each size, not every iteration of one (which would tilt
+    the fit's line through the sizes)."""
     from graphpipe.runtime.trainer import PipelineTrainer
 
-    zoo, plan = _chain(spec, preset, options, batch_size, size, world)
-    trainer = PipelineTrainer(zoo.model, plan, loss_fn=zoo.loss_fn, device="cpu", optimizer=_adam)
-    stage = next(stage for stage in plan.stages if rank in stage.ranks)
-    samples = stage.micro_batch_size // len(stage.ranks)
-    rows = [_timed_step(trainer, zoo) for _ in range(WARM_UP_STEPS + steps)][WARM_UP_STEPS:]
+    runs: list[tuple[Any, Any, Any, list[dict[str, float]]]] = []
+    for size in sizes:
+        zoo, plan = _reference_plan(spec, preset, options, batch_size, size, world, data_parallel)
+        trainer = PipelineTrainer(zoo.model, plan, loss_fn=zoo.loss_fn, device="cpu", optimizer=_adam)
+        stage = next(stage for stage in plan.stages if rank in stage.ranks)
+        for _ in range(WARM_UP_STEPS):
+            _timed_step(trainer, zoo)
+        runs.append((trainer, zoo, stage, []))
+    for _ in range(steps):
+        for trainer, zoo, _, rows in runs:
+            rows.append(_timed_step(trainer, zoo))
+    return [_size_timing(stage, rows) for _, _, stage, rows in runs]
+
+
+def _size_timing(stage: Any, rows: list[dict[str, float]]) -> SizeTiming:
     walls = [row["wall"] for row in rows]
     deciles = statistics.quantiles(walls, n=10)
-    return SizeTiming(micro_batch_size=samples, ops=stage.ops,
+    return SizeTiming(micro_batch_size=stage.micro_batch_size // len(stage.ranks), ops=stage.ops,
                       fwd_ms=statistics.median(row["fwd"] for row in rows),
                       bwd_ms=statistics.median(row["bwd"] for row in rows),
                       step_ms=statistics.median(row["step"] for row in rows),
@@ -104,10 +124,16 @@ def _adam(params: Any) -> Any:
     return torch.optim.Adam(params, lr=1e-6)
 
 
-def _chain(spec: str, preset: str, options: dict[str, Any], batch_size: int, size: int,
-           world: int) -> tuple[Any, Any]:
+def _reference_plan(spec: str, preset: str, options: dict[str, Any], batch_size: int, size: int, world: int,
+                    data_parallel: bool) -> tuple[Any, Any]:
     """The model and the sequential planner's plan of it on `world` ranks at micro-batch `size`, every rank
-    used (a chain of `world` stages where the model splits so)."""
+    used (a chain of `world` stages where the model splits so), or its one-stage plan on all `world` ranks."""
+    import dataclasses
+
+    if data_parallel:
+        zoo, whole = _reference_plan(spec, preset, options, batch_size, size, 1, False)
+        stage = dataclasses.replace(whole.stages[0], ranks=tuple(range(world)))
+        return zoo, dataclasses.replace(whole, stages=(stage,), num_devices=world)
     from graphpipe.cost.analytic import analytic_costs
     from graphpipe.cost.cluster import Cluster
     from graphpipe.graph.capture import capture

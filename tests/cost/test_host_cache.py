@@ -78,6 +78,6 @@ def test_calibrate_then_plan_on_local_cpu(tmp_path: Path, monkeypatch: pytest.Mo
     assert cluster.device.to_dict() == kept["device"] and cluster.collective == Link.from_dict(kept["collective"])
     capsys.readouterr()
     assert run_command(calibrate_cmd, ["calibrate", "--show"]) == 0
-    assert "workers as a pipeline: compute x" in capsys.readouterr().out
+    assert "workers (a pipeline, data parallel): ops' per-sample time x" in capsys.readouterr().out
     assert run_command(calibrate_cmd, ["calibrate", "--remove"]) == 0
     assert load_host() is None and Cluster.preset("local-cpu", 2).device == DEVICE_PRESETS["cpu"]

@@ -9,42 +9,59 @@ import pytest
 from graphpipe.cost.analytic import analytic_costs
 from graphpipe.cost.cost_table import CostTable, OpCost
 from graphpipe.cost.formulas.time_per_sample import ADAM_PASSES
-from graphpipe.cost.host_calibration import HostCalibration, SizeTiming, fit_host, scaled_costs
+from graphpipe.cost.host_calibration import HostCalibration, SizeTiming, call_part_ms, fit_host, scaled_costs
 from graphpipe.cost.presets import DEVICE_PRESETS
 from graphpipe.errors import CostError
 from tests.cost.graphs import mlp_graph
 
-SCALE, FWD_US, BWD_US, STEP_US = 1.3, 120.0, 80.0, 900.0
+SCALE, FWD_CALL, BWD_CALL, FWD_US, BWD_US, STEP_US = 1.3, 0.9, 0.7, 120.0, 80.0, 900.0
 PARAM_BYTES = 4_000_000
+# per op: (forward per call, per sample), (backward per call, per sample), in ms
+LINES = {"a": ((0.05, 0.1), (0.08, 0.2)), "b": ((0.02, 0.3), (0.03, 0.6))}
 
 
 def profile_table() -> CostTable:
-    """Two ops whose forward grows with the micro-batch and whose backward is twice it."""
-    entries = {name: {size: OpCost(fwd_ms=base * size, bwd_ms=2 * base * size, act_bytes=0, output_bytes=0,
-                                   param_bytes=PARAM_BYTES // 2) for size in (1, 2, 4, 8)}
-               for name, base in (("a", 0.1), ("b", 0.3))}
+    """Two ops whose times are a per-call part plus a part that grows with the micro-batch."""
+    entries = {name: {size: OpCost(fwd_ms=fwd[0] + fwd[1] * size, bwd_ms=bwd[0] + bwd[1] * size, act_bytes=0,
+                                   output_bytes=0, param_bytes=PARAM_BYTES // 2) for size in (1, 2, 4, 8)}
+               for name, (fwd, bwd) in LINES.items()}
     return CostTable(device="cpu", source="measured", entries=entries)
 
 
-def timings_from_the_model(table: CostTable) -> list[list[SizeTiming]]:
-    """What two workers measure when the host is exactly the fitted model."""
+def timings_from_the_model(table: CostTable, rank_ops: tuple[tuple[str, ...], ...] = (("a",), ("b",)),
+                           overheads: tuple[float, float] = (FWD_US, BWD_US)) -> list[list[SizeTiming]]:
+    """What the workers (one per entry of `rank_ops`, each running those ops) measure when the host is exactly
+    the fitted model."""
     device = DEVICE_PRESETS["cpu"]
-    stream_ms = ADAM_PASSES * PARAM_BYTES / (device.mem_bandwidth_gb_per_s * 1e9) * 1e3
-    rows = []
-    for size in (1, 2, 4, 8):
-        fwd = sum(table.at(op, size).fwd_ms for op in table.entries)
-        bwd = sum(table.at(op, size).bwd_ms for op in table.entries)
-        rows.append(SizeTiming(micro_batch_size=size, fwd_ms=SCALE * fwd + FWD_US / 1e3,
-                               bwd_ms=SCALE * bwd + BWD_US / 1e3, outside_ms=0.2,
-                               step_ms=STEP_US / 1e3 + stream_ms - 0.2,
-                               iteration_ms=10.0, iteration_spread=0.05))
-    return [rows, rows]
+    workers = []
+    for ops in rank_ops:
+        stream_ms = ADAM_PASSES * PARAM_BYTES // 2 * len(ops) / (device.mem_bandwidth_gb_per_s * 1e9) * 1e3
+        rows = []
+        for size in (1, 2, 4, 8):
+            (fwd_call, fwd_sample), (bwd_call, bwd_sample) = (
+                (sum(LINES[op][kind][0] for op in ops), sum(LINES[op][kind][1] * size for op in ops))
+                for kind in (0, 1))
+            rows.append(SizeTiming(micro_batch_size=size, ops=ops,
+                                   fwd_ms=SCALE * fwd_sample + FWD_CALL * fwd_call + overheads[0] / 1e3,
+                                   bwd_ms=SCALE * bwd_sample + BWD_CALL * bwd_call + overheads[1] / 1e3,
+                                   outside_ms=0.2, step_ms=STEP_US / 1e3 + stream_ms - 0.2,
+                                   iteration_ms=10.0, iteration_spread=0.05))
+        workers.append(rows)
+    return workers
 
 
-def test_the_fit_recovers_the_scale_and_the_overheads() -> None:
+def test_an_ops_per_call_part_is_the_intercept_of_its_profiled_sizes() -> None:
+    table = profile_table()
+    assert call_part_ms(table.entries["a"], "fwd_ms") == pytest.approx(0.05)
+    assert call_part_ms(table.entries["b"], "bwd_ms") == pytest.approx(0.03)
+    assert call_part_ms({4: table.entries["a"][4]}, "fwd_ms") == 0.0  # one size: nothing tells it apart
+
+
+def test_the_fit_recovers_the_scales_and_the_overheads() -> None:
     table = profile_table()
     host = fit_host(timings_from_the_model(table), table, DEVICE_PRESETS["cpu"])
     assert host.compute_scale == pytest.approx(SCALE)
+    assert host.call_scales == pytest.approx((FWD_CALL, BWD_CALL))
     assert host.fwd_action_overhead_us == pytest.approx(FWD_US)
     assert host.bwd_action_overhead_us == pytest.approx(BWD_US)
     assert host.step_overhead_us == pytest.approx(STEP_US)
@@ -52,20 +69,41 @@ def test_the_fit_recovers_the_scale_and_the_overheads() -> None:
     assert host.workers == 2 and host.iteration_spread == pytest.approx(0.05)
 
 
+def test_one_worker_holds_the_overheads_at_zero_and_fits_the_call_scales() -> None:
+    """A lone worker runs one set of ops at every size: a per-action overhead cannot be told from the call
+    scale, so the call scale carries both."""
+    table = profile_table()
+    host = fit_host(timings_from_the_model(table, (("a", "b"),), (0.0, 0.0)), table, DEVICE_PRESETS["cpu"])
+    assert host.fwd_action_overhead_us == host.bwd_action_overhead_us == 0.0
+    assert (host.compute_scale, *host.call_scales) == pytest.approx((SCALE, FWD_CALL, BWD_CALL))
+
+
+def test_applying_it_scales_each_ops_per_call_and_per_sample_parts_apart() -> None:
+    table = profile_table()
+    host = fit_host(timings_from_the_model(table), table, DEVICE_PRESETS["cpu"])
+    scaled = host.costs(table)
+    for op, ((fwd_call, fwd_sample), (bwd_call, bwd_sample)) in LINES.items():
+        for size in (1, 2, 4, 8):
+            got = scaled.at(op, size)
+            assert got.fwd_ms == pytest.approx(FWD_CALL * fwd_call + SCALE * fwd_sample * size)
+            assert got.bwd_ms == pytest.approx(BWD_CALL * bwd_call + SCALE * bwd_sample * size)
+            assert got.param_bytes == table.at(op, size).param_bytes
+
+
 def test_an_overhead_the_fit_would_make_negative_is_held_at_zero() -> None:
     """Actions a fixed 10 us faster than the profile's sum at every size fit a negative overhead unconstrained: it
-    is held at zero and the scale refitted alone."""
+    is held at zero and the scales refitted alone."""
     table = profile_table()
 
     def faster(timing: SizeTiming) -> SizeTiming:
-        fwd, bwd = (sum(getattr(table.at(op, timing.micro_batch_size), kind) for op in table.entries)
+        fwd, bwd = (sum(getattr(table.at(op, timing.micro_batch_size), kind) for op in timing.ops)
                     for kind in ("fwd_ms", "bwd_ms"))
         return dataclasses.replace(timing, fwd_ms=fwd - 0.01, bwd_ms=bwd - 0.01)
 
     rows = [[faster(timing) for timing in worker] for worker in timings_from_the_model(table)]
     host = fit_host(rows, table, DEVICE_PRESETS["cpu"])
     assert host.fwd_action_overhead_us == host.bwd_action_overhead_us == 0.0
-    assert 0.9 < host.compute_scale < 1.0
+    assert 0.9 < host.compute_scale <= 1.0 and max(host.call_scales) < 1.0
 
 
 def test_too_few_sizes_to_fit_is_an_error() -> None:
@@ -112,7 +150,8 @@ def test_a_measured_step_bandwidth_moves_the_streaming_out_of_the_fixed_step() -
     from graphpipe.cost.formulas.time_per_sample import optimizer_step_ms
 
     table, device = profile_table(), DEVICE_PRESETS["cpu"]
-    host = fit_host(timings_from_the_model(table), table, device, step_bandwidth_gb_per_s=15.0)
+    host = fit_host(timings_from_the_model(table, (("a", "b"),), (0.0, 0.0)), table, device,
+                    step_bandwidth_gb_per_s=15.0)
     stream = {bandwidth: ADAM_PASSES * PARAM_BYTES / (bandwidth * 1e9) * 1e3
               for bandwidth in (device.mem_bandwidth_gb_per_s, 15.0)}
     measured_ms = STEP_US / 1e3 + stream[device.mem_bandwidth_gb_per_s]  # what the workers' steps took

@@ -130,6 +130,39 @@ def test_the_spread_is_the_summed_interquartile_range_over_the_summed_medians() 
     assert spread.relative() == 0.0
 
 
+def test_the_ops_sum_to_the_whole_pass_each_size_and_pass_apart(monkeypatch) -> None:
+    """Scaled to the whole model's pass (here a made-up one) the ops keep their shares; without it their sums
+    are the ops' own."""
+    from graphpipe.cost.profile import OpTimer
+
+    torch.manual_seed(0)
+    model, inputs = Net(), (torch.randn(4, 6), torch.randint(0, 10, (4,)))
+    graph = capture(model, inputs)
+    whole = {1: (2.0, 5.0), 3: (3.0, 7.0)}
+    monkeypatch.setattr(OpTimer, "whole_pass_ms", lambda self, gm, batch: whole[batch[0].shape[0]])
+    scaled = profile(graph, model, (1, 3), example_inputs=inputs, warmup=0, repeats=1, progress=False)
+    alone = profile(graph, model, (1, 3), example_inputs=inputs, warmup=0, repeats=1, progress=False,
+                    whole_pass=False)
+    for size, (fwd, bwd) in whole.items():
+        costs = [scaled.at(op, size) for op in scaled.entries]
+        assert sum(c.fwd_ms for c in costs) == pytest.approx(fwd)
+        assert sum(c.bwd_ms for c in costs) == pytest.approx(bwd)
+        assert sum(alone.at(op, size).fwd_ms for op in alone.entries) != pytest.approx(fwd)
+        assert [c.act_bytes for c in costs] == [alone.at(op, size).act_bytes for op in alone.entries]
+
+
+def test_the_whole_pass_is_timed_as_a_stage_runs_it(measured) -> None:
+    """The real whole pass: positive, and the model's gradients are left as they were (`autograd.grad`)."""
+    from graphpipe.cost.profile import OpTimer
+
+    _, _, model = measured
+    traced = torch.fx.symbolic_trace(model)
+    fwd_ms, bwd_ms = OpTimer(torch.device("cpu"), warmup=1, repeats=2, skip_storages=frozenset()).whole_pass_ms(
+        traced, (torch.randn(3, 6), torch.randint(0, 10, (3,))))
+    assert fwd_ms > 0 and bwd_ms > 0
+    assert all(p.grad is None for p in model.parameters())
+
+
 def test_batch_of_slices_and_repeats() -> None:
     x, ids = torch.arange(12.0).reshape(4, 3), torch.arange(4)
     small = batch_of((x, ids, 7), 2, torch.device("cpu"))

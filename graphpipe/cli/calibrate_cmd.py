@@ -99,7 +99,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             replicas = measure_runtime(args.model, args.preset, model_options(args), graph.example_batch_size, sizes,
                                        workers=workers, steps=args.steps, data_parallel=True)
             timings = [chain + replica for chain, replica in zip(timings, replicas)]
-        hosts[workers] = fit_host(timings, table, fit.device, step_bandwidth)
+        hosts[workers] = fit_host(timings, table, fit.device, step_bandwidth, alone=hosts.get(1))
     host, single = hosts[args.workers], hosts[1]
     _say(args, "measuring gloo over loopback")
     link, collective = measure_link(), measure_all_reduce()

@@ -38,6 +38,7 @@ from graphpipe.cost.cost_table import CostTable, OpCost
 from graphpipe.cost.formulas.time_per_sample import ADAM_PASSES
 from graphpipe.errors import CostError
 
+CALL_SHRINKAGE = 1.0  # weight of a per-call scale's distance from the per-sample scale, as one action's error
 VARYING = 0.05  # per-call sums that differ by less than this share tell no per-action overhead from a call scale
 MIN_SCALE = 0.05  # below this the actions' times do not follow the ops' (the ops are lost in the overheads)
 
@@ -129,14 +130,19 @@ def call_part_ms(per_size: Mapping[int, OpCost], kind: str) -> float:
 
 
 def fit_host(timings: Sequence[Sequence[SizeTiming]], profile: CostTable, device: Device,
-             step_bandwidth_gb_per_s: float = 0.0, *, split_calls: bool = True,
+             step_bandwidth_gb_per_s: float = 0.0, *, alone: HostCalibration | None = None,
+             call_shrinkage: float = CALL_SHRINKAGE, split_calls: bool = True,
              action_overheads: bool = True) -> HostCalibration:
     """Fit the host terms to each worker's `timings` against `profile` (the one-process op costs, with each
     op's weights) of the model the workers trained. Each rank's weights stream in Adam's step at
     `step_bandwidth_gb_per_s` (measured: `graphpipe.runtime.host_timing.measure_adam_streaming`; 0: `device`'s
     memory); the step's fixed part is what is left of the iteration's rest, so a model with other parameter
-    bytes than the reference's is charged its own streaming. Without `split_calls` one scale serves an op's
-    whole time; without `action_overheads` none is fitted (both for comparisons)."""
+    bytes than the reference's is charged its own streaming. `alone` (one worker's fit) bounds the scales from
+    below: workers computing at once are not faster than one alone, and a fit that says so has traded a
+    scale for the overheads (one calibration put 0.07 on the per-call scale and 1.2 ms on each action). Without
+    `split_calls` one scale serves an op's whole time; without `action_overheads` none is fitted (both for
+    comparisons). `call_shrinkage` weighs the per-call scales' distance from the per-sample scale
+    (`_relative_fit`)."""
     calls = {op: (call_part_ms(per_size, "fwd_ms"), call_part_ms(per_size, "bwd_ms")) if split_calls else (0.0, 0.0)
              for op, per_size in profile.entries.items()}
     bandwidth = step_bandwidth_gb_per_s or device.mem_bandwidth_gb_per_s
@@ -156,7 +162,9 @@ def fit_host(timings: Sequence[Sequence[SizeTiming]], profile: CostTable, device
     if action_overheads:
         overheads[0::2, 0], overheads[1::2, 1] = _calls_vary(compute[0::2, 1]), _calls_vary(compute[1::2, 2])
     design, target = np.hstack([compute, overheads]), np.array(measured)
-    solution = _relative_fit(design, target)
+    scale_floors = (alone.compute_scale, *alone.call_scales) if alone is not None else (-np.inf, 0.0, 0.0)
+    floors = np.array([*scale_floors, 0.0, 0.0])
+    solution = _relative_fit(design, target, floors, call_shrinkage)
     factor = solution[0]
     if factor < MIN_SCALE:
         raise CostError(f"the runtime's actions do not grow with the ops' profiled time (fitted scale {factor:.3g}): "
@@ -183,15 +191,29 @@ def _profile_sums(profile: CostTable, size: int, ops: tuple[str, ...]) -> tuple[
     return sum(c.fwd_ms for c in costs), sum(c.bwd_ms for c in costs), sum(c.param_bytes for c in costs)
 
 
-def _relative_fit(design: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """Least squares of the columns' coefficients on errors relative to each action. An all-zero column is held
-    at zero, and so is an overhead or call scale the fit puts below zero; the rest is refitted."""
-    weighted, goal = design / target[:, None], np.ones_like(target)
+def _relative_fit(design: np.ndarray, target: np.ndarray, floors: np.ndarray, shrinkage: float) -> np.ndarray:
+    """Least squares of the columns' coefficients on errors relative to each action, each at least its floor,
+    with the per-call scales (columns 1 and 2) shrunk toward the per-sample scale (column 0): a deviation of d
+    costs as much as one action off by d x `shrinkage`, so the two parts of an op's time scale apart only
+    where the actions ask for it (one size's noise tilts the line through the sizes, and an unshrunk fit once
+    put 2.3-2.8 on the per-call scales of one worker alone). An all-zero column is held at zero; a coefficient
+    the fit puts below its floor is held there and the rest is refitted."""
+    shrink = np.zeros((2, design.shape[1]))
+    for row, col in enumerate((1, 2)):
+        if design[:, col].any():
+            shrink[row, 0], shrink[row, col] = -shrinkage, shrinkage
+    weighted = np.vstack([design / target[:, None], shrink])
+    goal = np.concatenate([np.ones_like(target), np.zeros(2)])
+    solution = np.zeros(design.shape[1])
     free = [col for col in range(design.shape[1]) if design[:, col].any()]
+    held: list[int] = []
     while True:
-        solution = np.zeros(design.shape[1])
-        solution[free] = np.linalg.lstsq(weighted[:, free], goal, rcond=None)[0]
-        negative = [col for col in free[1:] if solution[col] < 0]
-        if not negative:
+        rest = goal - weighted[:, held] @ solution[held]
+        solution[free] = np.linalg.lstsq(weighted[:, free], rest, rcond=None)[0]
+        below = [col for col in free if solution[col] < floors[col]]
+        if not below:
             return solution
-        free = [col for col in free if col not in negative]
+        for col in below:
+            solution[col] = floors[col]
+        held += below
+        free = [col for col in free if col not in below]

@@ -59,7 +59,7 @@ def test_an_ops_per_call_part_is_the_intercept_of_its_profiled_sizes() -> None:
 
 def test_the_fit_recovers_the_scales_and_the_overheads() -> None:
     table = profile_table()
-    host = fit_host(timings_from_the_model(table), table, DEVICE_PRESETS["cpu"])
+    host = fit_host(timings_from_the_model(table), table, DEVICE_PRESETS["cpu"], call_shrinkage=0.0)
     assert host.compute_scale == pytest.approx(SCALE)
     assert host.call_scales == pytest.approx((FWD_CALL, BWD_CALL))
     assert host.fwd_action_overhead_us == pytest.approx(FWD_US)
@@ -69,18 +69,50 @@ def test_the_fit_recovers_the_scales_and_the_overheads() -> None:
     assert host.workers == 2 and host.iteration_spread == pytest.approx(0.05)
 
 
+def test_the_call_scales_are_shrunk_toward_the_per_sample_scale() -> None:
+    """By default a per-call scale departs from the per-sample scale only as far as the actions pay for it:
+    closer than the unshrunk fit, on the same side."""
+    table = profile_table()
+    exact = fit_host(timings_from_the_model(table), table, DEVICE_PRESETS["cpu"], call_shrinkage=0.0)
+    shrunk = fit_host(timings_from_the_model(table), table, DEVICE_PRESETS["cpu"])
+    for loose, tight in zip(exact.call_scales, shrunk.call_scales):
+        assert loose < exact.compute_scale
+        assert 0 < shrunk.compute_scale - tight < exact.compute_scale - loose
+
+
 def test_one_worker_holds_the_overheads_at_zero_and_fits_the_call_scales() -> None:
     """A lone worker runs one set of ops at every size: a per-action overhead cannot be told from the call
     scale, so the call scale carries both."""
     table = profile_table()
-    host = fit_host(timings_from_the_model(table, (("a", "b"),), (0.0, 0.0)), table, DEVICE_PRESETS["cpu"])
+    host = fit_host(timings_from_the_model(table, (("a", "b"),), (0.0, 0.0)), table, DEVICE_PRESETS["cpu"],
+                    call_shrinkage=0.0)
     assert host.fwd_action_overhead_us == host.bwd_action_overhead_us == 0.0
     assert (host.compute_scale, *host.call_scales) == pytest.approx((SCALE, FWD_CALL, BWD_CALL))
 
 
+def test_workers_are_held_no_faster_than_one_worker_alone() -> None:
+    """A workers' fit below the lone worker's scales (here the per-call part at half the lone one's) is held at
+    the lone worker's, the rest refitted; without `alone` it is what the actions say."""
+    table = profile_table()
+    lone = fit_host(timings_from_the_model(table, (("a", "b"),), (0.0, 0.0)), table, DEVICE_PRESETS["cpu"],
+                    call_shrinkage=0.0)
+
+    def cheaper_calls(timing: SizeTiming) -> SizeTiming:
+        fwd_call, bwd_call = (sum(LINES[op][kind][0] for op in timing.ops) for kind in (0, 1))
+        return dataclasses.replace(timing, fwd_ms=timing.fwd_ms - FWD_CALL / 2 * fwd_call,
+                                   bwd_ms=timing.bwd_ms - BWD_CALL / 2 * bwd_call)
+
+    rows = [[cheaper_calls(timing) for timing in worker] for worker in timings_from_the_model(table)]
+    free = fit_host(rows, table, DEVICE_PRESETS["cpu"], call_shrinkage=0.0)
+    assert free.call_scales == pytest.approx((FWD_CALL / 2, BWD_CALL / 2))
+    held = fit_host(rows, table, DEVICE_PRESETS["cpu"], alone=lone, call_shrinkage=0.0)
+    assert held.call_scales == pytest.approx(lone.call_scales)
+    assert held.compute_scale >= lone.compute_scale
+
+
 def test_applying_it_scales_each_ops_per_call_and_per_sample_parts_apart() -> None:
     table = profile_table()
-    host = fit_host(timings_from_the_model(table), table, DEVICE_PRESETS["cpu"])
+    host = fit_host(timings_from_the_model(table), table, DEVICE_PRESETS["cpu"], call_shrinkage=0.0)
     scaled = host.costs(table)
     for op, ((fwd_call, fwd_sample), (bwd_call, bwd_sample)) in LINES.items():
         for size in (1, 2, 4, 8):

@@ -12,15 +12,16 @@ at several micro-batch sizes, and `fit_host` fits, over sizes and ranks,
                 + action overhead
 
 by least squares relative to each action. An op's profiled time splits into what every call pays whatever
-its samples (the intercept of the line through its profiled sizes: dispatch, and for a backward the
-profile's own `autograd.grad` per op, which a whole-model backward does not pay per op) and the rest, which
-grows with the samples. The two scale differently: a model of many small ops (candle_uno's 70) runs close to
-its profile forward and faster backward, a model of wide matmuls 20-35% slower than its profile. So the
-forward and backward each get a call scale, one compute scale serves both, and a per-action overhead is
-fitted only where the ranks' per-call sums differ (else it cannot be told from the call scale and is held
-at zero). The iteration's time outside its actions plus the optimizer-step action, less Adam's streaming of
-the state, is the step overhead. `HostCalibration.device` and `.costs` apply it: the op costs scaled, the
-overheads on the device, so the planner's rule and the simulator read them as they read any device.
+its samples (the intercept of the line through its profiled sizes: dispatch, small-size inefficiency) and
+the rest, which grows with the samples; host work and compute need not slow alike when the host is busy.
+So the forward and backward each get a call scale and one compute scale serves both, with two constraints
+that keep the terms steady from one calibration to the next (`benchmarks/sim_ranking`): the call scales
+are shrunk toward the compute scale, and the scales of workers at once are no lower than one worker
+alone's. A per-action overhead is fitted only where the ranks' per-call sums differ (else it cannot be
+told from the call scale and is held at zero). The iteration's time outside its actions plus the
+optimizer-step action, less Adam's streaming of the state, is the step overhead. `HostCalibration.device`
+and `.costs` apply it: the op costs scaled, the overheads on the device, so the planner's rule and the
+simulator read them as they read any device.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ pays per op what one engine pass over the model pays once. On the CPU the sums o
 off the model's own pass either way (a model of many narrow ops sums higher, one of wide matmuls lower). So
 each size's whole forward (the traced module called) and backward (one `autograd.grad` over every trainable
 weight) are timed too, and the ops' forward and backward times are scaled, each pass apart, to sum to them
-(`whole_pass=False` keeps the ops' own times): a stage's share keeps the profile's shape, and the whole
-model's time is what it runs.
+(`whole_pass=False` keeps the ops' own times; so does a size whose whole pass does not fit in memory): a
+stage's share keeps the profile's shape, and the whole model's time is what it runs.
 
 The model is profiled in training mode; its mode, buffers (e.g. BatchNorm statistics),
 gradients and the global RNG state are left as they were.
@@ -80,8 +80,9 @@ def profile(graph: OpGraph, model: nn.Module, micro_batch_sizes: Sequence[int], 
             timer.spread.clear()
             per_size[size] = _OpProfiler(gm, timer, bar, size).profile(inputs)
             spreads.append(timer.spread.relative())
-            if whole_pass:
-                per_size[size] = _summing_to(per_size[size], timer.whole_pass_ms(gm, inputs))
+            whole = timer.whole_pass_ms(gm, inputs) if whole_pass else None
+            if whole is not None:
+                per_size[size] = _summing_to(per_size[size], whole)
     entries = {op.name: {size: _with_params(per_size[size][op.name], trainable_param_bytes(op)) for size in sizes}
                for op in graph.ops}
     return CostTable(device=_device_name(target), source="measured", entries=entries, spread=max(spreads))
@@ -165,17 +166,24 @@ class OpTimer:
         out = run()
         return out, (time.perf_counter() - start_s) * 1e3
 
-    def whole_pass_ms(self, gm: torch.fx.GraphModule, inputs: tuple[Any, ...]) -> tuple[float, float]:
+    def whole_pass_ms(self, gm: torch.fx.GraphModule, inputs: tuple[Any, ...]) -> tuple[float, float] | None:
         """Median forward and backward ms of the whole traced model on `inputs` (the backward less the engine's
-        fixed per-call overhead, as each op's is): what the ops' times are scaled to sum to."""
+        fixed per-call overhead, as each op's is): what the ops' times are scaled to sum to. None when the
+        whole pass does not fit in the device's memory (one op at a time did): the ops' own times stay."""
         weights: list[torch.Tensor] = [p for p in gm.parameters() if p.requires_grad]
         samples = []
-        with torch.enable_grad():
-            for _ in range(self.warmup + self.repeats):
-                out, fwd_ms = self._timed(lambda: gm(*inputs))
-                outs = [t for t in tensors_in(out) if t.requires_grad]
-                bwd_ms = self._grad_ms(outs, weights) - self.engine_overhead_ms if outs and weights else 0.0
-                samples.append((fwd_ms, max(bwd_ms, 0.0)))
+        try:
+            with torch.enable_grad():
+                for _ in range(self.warmup + self.repeats):
+                    out, fwd_ms = self._timed(lambda: gm(*inputs))
+                    outs = [t for t in tensors_in(out) if t.requires_grad]
+                    bwd_ms = self._grad_ms(outs, weights) - self.engine_overhead_ms if outs and weights else 0.0
+                    samples.append((fwd_ms, max(bwd_ms, 0.0)))
+                    del out, outs
+        except (torch.cuda.OutOfMemoryError, MemoryError):
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            return None
         kept = samples[self.warmup:]
         return statistics.median(f for f, _ in kept), statistics.median(b for _, b in kept)
 

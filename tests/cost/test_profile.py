@@ -151,6 +151,25 @@ def test_the_ops_sum_to_the_whole_pass_each_size_and_pass_apart(monkeypatch) -> 
         assert [c.act_bytes for c in costs] == [alone.at(op, size).act_bytes for op in alone.entries]
 
 
+def test_a_whole_pass_out_of_memory_keeps_the_ops_own_times(monkeypatch) -> None:
+    """One op at a time fits where the whole pass may not (a large micro-batch on a GPU): the whole pass then
+    reports nothing and that size keeps the ops' times alone instead of failing the profile."""
+    from graphpipe.cost.profile import OpTimer
+
+    def out_of_memory(self, outs, leaves):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    torch.manual_seed(0)
+    model, inputs = Net(), (torch.randn(4, 6), torch.randint(0, 10, (4,)))
+    timer = OpTimer(torch.device("cpu"), warmup=0, repeats=1, skip_storages=frozenset())
+    monkeypatch.setattr(OpTimer, "_grad_ms", out_of_memory)
+    assert timer.whole_pass_ms(torch.fx.symbolic_trace(model), inputs) is None
+    monkeypatch.undo()
+    monkeypatch.setattr(OpTimer, "whole_pass_ms", lambda self, gm, batch: None)
+    table = profile(capture(model, inputs), model, (2,), example_inputs=inputs, warmup=0, repeats=1, progress=False)
+    assert sum(table.at(op, 2).fwd_ms for op in table.entries) > 0
+
+
 def test_the_whole_pass_is_timed_as_a_stage_runs_it(measured) -> None:
     """The real whole pass: positive, and the model's gradients are left as they were (`autograd.grad`)."""
     from graphpipe.cost.profile import OpTimer

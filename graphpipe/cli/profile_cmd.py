@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
                         whole_pass=not args.ops_alone)
         # on CUDA each op is timed between two CUDA events (its kernels), on the CPU by the host's clock
         extra["timed_by"] = "CUDA events" if args.device == "cuda" else "host clock"
+        extra["op_times"] = "each op alone" if args.ops_alone else "scaled to sum to the model's pass"
         if args.calibrate:
             from graphpipe.cost.calibrate import fit_device
 
@@ -94,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
     if table.spread is not None:
         print(f"measurement spread: {table.spread:.1%} (interquartile range of each op's timed runs, summed over "
               "ops, over the sum of their medians; the largest over the micro-batch sizes)")
+    if "op_times" in extra:
+        print(f"op times: {extra['op_times']}")
     if "calibration" in extra:
         print(f"calibrated device: {extra['calibration']}")
     if args.output:

@@ -22,6 +22,14 @@ def test_measured_profile_writes_the_table(tmp_path: Path, capsys: pytest.Captur
     table = CostTable.load(str(out))
     assert table.source == "measured" and table.micro_batch_sizes == (1, 2)
     assert "measurement spread: " in text and table.spread is not None
+    assert "op times: scaled to sum to the model's pass" in text
+
+
+def test_ops_alone_keeps_each_ops_own_time(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["profile", "--model", "toy_chain", "--micro-batch-sizes", "1,2", "--repeats", "1", "--warmup", "0",
+            "--no-progress", "--ops-alone", "--json"]
+    assert run_command(profile_cmd, argv) == 0
+    assert json.loads(capsys.readouterr().out)["op_times"] == "each op alone"
 
 
 def test_noisy_measurements_are_said_on_stderr(monkeypatch: pytest.MonkeyPatch,

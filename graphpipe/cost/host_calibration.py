@@ -111,13 +111,6 @@ class HostCalibration:
         return dataclasses.asdict(self)
 
 
-def scaled_costs(table: CostTable, scale: float) -> CostTable:
-    """`table` with every forward and backward time multiplied by `scale` (sizes and bytes unchanged)."""
-    entries = {op: {size: dataclasses.replace(cost, fwd_ms=cost.fwd_ms * scale, bwd_ms=cost.bwd_ms * scale)
-                    for size, cost in per_size.items()} for op, per_size in table.entries.items()}
-    return dataclasses.replace(table, entries=entries)
-
-
 def call_part_ms(per_size: Mapping[int, OpCost], kind: str) -> float:
     """The part of one op's `kind` ("fwd_ms" or "bwd_ms") time that every call pays whatever its samples: the
     intercept of the least-squares line through its profiled sizes, between 0 and its fastest time (0 with

@@ -125,19 +125,17 @@ def call_part_ms(per_size: Mapping[int, OpCost], kind: str) -> float:
 
 def fit_host(timings: Sequence[Sequence[SizeTiming]], profile: CostTable, device: Device,
              step_bandwidth_gb_per_s: float = 0.0, *, alone: HostCalibration | None = None,
-             call_shrinkage: float = CALL_SHRINKAGE, split_calls: bool = True,
-             action_overheads: bool = True) -> HostCalibration:
+             call_shrinkage: float = CALL_SHRINKAGE) -> HostCalibration:
     """Fit the host terms to each worker's `timings` against `profile` (the one-process op costs, with each
     op's weights) of the model the workers trained. Each rank's weights stream in Adam's step at
     `step_bandwidth_gb_per_s` (measured: `graphpipe.runtime.host_timing.measure_adam_streaming`; 0: `device`'s
     memory); the step's fixed part is what is left of the iteration's rest, so a model with other parameter
     bytes than the reference's is charged its own streaming. `alone` (one worker's fit) bounds the scales from
     below: workers computing at once are not faster than one alone, and a fit that says so has traded a
-    scale for the overheads (one calibration put 0.07 on the per-call scale and 1.2 ms on each action). Without
-    `split_calls` one scale serves an op's whole time; without `action_overheads` none is fitted (both for
-    comparisons). `call_shrinkage` weighs the per-call scales' distance from the per-sample scale
+    scale for the overheads (one calibration put 0.07 on the per-call scale and 1.2 ms on each action).
+    `call_shrinkage` weighs the per-call scales' distance from the per-sample scale
     (`_relative_fit`)."""
-    calls = {op: (call_part_ms(per_size, "fwd_ms"), call_part_ms(per_size, "bwd_ms")) if split_calls else (0.0, 0.0)
+    calls = {op: (call_part_ms(per_size, "fwd_ms"), call_part_ms(per_size, "bwd_ms"))
              for op, per_size in profile.entries.items()}
     bandwidth = step_bandwidth_gb_per_s or device.mem_bandwidth_gb_per_s
     parts, measured, steps = [], [], []
@@ -153,8 +151,7 @@ def fit_host(timings: Sequence[Sequence[SizeTiming]], profile: CostTable, device
         raise CostError(f"need action times at 3 or more micro-batch sizes to fit the host, got {len(parts) // 2}")
     compute = np.array(parts)
     overheads = np.zeros((len(parts), 2))
-    if action_overheads:
-        overheads[0::2, 0], overheads[1::2, 1] = _calls_vary(compute[0::2, 1]), _calls_vary(compute[1::2, 2])
+    overheads[0::2, 0], overheads[1::2, 1] = _calls_vary(compute[0::2, 1]), _calls_vary(compute[1::2, 2])
     design, target = np.hstack([compute, overheads]), np.array(measured)
     scale_floors = (alone.compute_scale, *alone.call_scales) if alone is not None else (-np.inf, 0.0, 0.0)
     floors = np.array([*scale_floors, 0.0, 0.0])

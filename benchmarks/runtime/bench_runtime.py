@@ -163,10 +163,12 @@ def simulated_actions(planned: Plan, costs: Any, cluster: Any) -> dict[int, dict
     return out
 
 
-def predict(planned: Plan, costs: dict[str, Any], cluster: Any, fitted: Any, terms: tuple[str, ...]) -> float:
+def predict(planned: Plan, costs: dict[str, Any], cluster: Any, fitted: Any, terms: tuple[str, ...],
+            loss_collective: Any = None) -> float:
     """One simulated iteration with the chosen model terms; the rest fall back to the plain model (op costs
     from the fitted device, independent cores, no action overheads, the preset loopback link, no loss
-    all-reduce)."""
+    all-reduce). The loss's all-reduce goes on `loss_collective` where given (else the cluster's): ranks meet
+    there after the schedule, which the simulation plays, not after replicas computing apart."""
     from graphpipe.cost.cluster import Cluster
     from graphpipe.simulation.comm_model import all_reduce_ms
     from graphpipe.simulation.simulator import simulate
@@ -180,7 +182,8 @@ def predict(planned: Plan, costs: dict[str, Any], cluster: Any, fitted: Any, ter
     table = costs["measured"] if "measured_op_costs" in terms else costs["fitted"]
     seconds = simulate(planned, table, model, "1f1b").iteration_time_s
     if "loss_all_reduce" in terms:  # trainer.step sums the loss over all ranks after the schedule
-        seconds += all_reduce_ms(model, tuple(range(planned.world_size)), 4) / 1e3
+        on = model if loss_collective is None else dataclasses.replace(model, collective=loss_collective)
+        seconds += all_reduce_ms(on, tuple(range(planned.world_size)), 4) / 1e3
     return seconds
 
 

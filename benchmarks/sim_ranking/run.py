@@ -54,6 +54,7 @@ from graphpipe.stages.stage_graph import Plan  # noqa: E402
 WORLD, BATCH = 2, 32
 SIZES = (1, 2, 4, 8, 16)
 MOST_CANDIDATES = 8
+VARIANTS = ("collective_alone",)  # the kept calibration less one term, simulated beside it
 MODELS: dict[str, dict[str, Any]] = {
     "mmt": {"num_branches": 2, "num_layers": 2, "hidden": 64, "ffn_hidden": 256, "seq_len": 32},
     "transformer": {"num_layers": 4, "hidden": 64, "ffn_hidden": 256, "seq_len": 32},
@@ -112,21 +113,29 @@ def prepare(name: str, ping: dict[str, float], calibration: dict[str, Any] | Non
     # on this model's profile; its links
     calibration = calibration or calibrate_host()
     link, collective = Link.from_dict(calibration["link"]), Link.from_dict(calibration["collective"])
+    alone = Link.from_dict(calibration["details"].get("all_reduce_alone", calibration["collective"]))
     hosts = {world: HostCalibration(**calibration["details"]["host" if world > 1 else "host_single"])
              for world in (1, WORLD)}
-    clusters = {world: dataclasses.replace(one, device=host.device(fit.device), intra_node=link, inter_node=link,
-                                           collective=collective) for world, host in hosts.items()}
-    tables = {world: {"measured": host.costs(measured), "fitted": costs} for world, host in hosts.items()}
     one_tables = {"measured": measured, "fitted": costs}
-    rows = [{"plan": candidate.to_dict(), "label": label(candidate),
-             "simulated_s": predict(candidate, tables[min(candidate.world_size, WORLD)],
-                                    clusters[min(candidate.world_size, WORLD)], fit.device, TERMS),
-             "simulated_one_process_s": predict(candidate, one_tables, one, fit.device, TERMS)}
-            for candidate in candidates(graph, costs, plain)]
-    host, cluster = hosts[WORLD], clusters[WORLD]
+    # the calibration as kept, and beside it with the all-reduce link timed alone (same host, same run)
+    variants = {"simulated_s": collective, "simulated_collective_alone_s": alone}
+    rows = []
+    for candidate in candidates(graph, costs, plain):
+        row = {"plan": candidate.to_dict(), "label": label(candidate),
+               "simulated_one_process_s": predict(candidate, one_tables, one, fit.device, TERMS)}
+        for key, reduce_on in variants.items():
+            host_model = hosts[min(candidate.world_size, WORLD)]
+            on_host = dataclasses.replace(one, device=host_model.device(fit.device), intra_node=link,
+                                          inter_node=link, collective=reduce_on)
+            row[key] = predict(candidate, {"measured": host_model.costs(measured), "fitted": costs}, on_host,
+                               fit.device, TERMS, alone)
+        rows.append(row)
+    host = hosts[WORLD]
+    cluster = dataclasses.replace(one, device=host.device(fit.device), intra_node=link, inter_node=link,
+                                  collective=collective)
     return {"model": name, "options": MODELS[name], "calibration": str(fit), "host": host.to_dict(),
             "cluster": cluster.to_dict(), "one_process_cluster": one.to_dict(), "overheads": overheads,
-            "candidates": rows, "measured_table": tables[WORLD]["measured"]}
+            "candidates": rows, "measured_table": host.costs(measured)}
 
 
 def candidates(graph: Any, costs: Any, cluster: Any) -> list[Plan]:
@@ -228,6 +237,7 @@ def summarise(item: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
                      "error": row["simulated_s"] / median - 1,
                      "error_fastest_round": row["simulated_s"] / min(seconds) - 1,
                      "one_process_error": row["simulated_one_process_s"] / median - 1,
+                     **{f"{variant}_error": row[f"simulated_{variant}_s"] / median - 1 for variant in VARIANTS},
                      "other_load": other, "plan": row["plan"]})
     simulated = [r["simulated_ms"] for r in rows]
     actual = [r["measured_ms"] for r in rows]
@@ -238,6 +248,8 @@ def summarise(item: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
             "host": item["host"], "median_abs_error": statistics.median(abs(r["error"]) for r in rows),
             "median_abs_error_fastest_round": statistics.median(abs(r["error_fastest_round"]) for r in rows),
             "one_process_median_abs_error": statistics.median(abs(r["one_process_error"]) for r in rows),
+            **{f"median_abs_error_{variant}": statistics.median(abs(r[f"{variant}_error"]) for r in rows)
+               for variant in VARIANTS},
             "kendall_tau": kendall_tau(simulated, actual),
             "simulated_fastest": rows[sim_best]["label"], "measured_fastest": rows[real_best]["label"],
             "fastest_agrees": sim_best == real_best
@@ -264,7 +276,8 @@ def record(models: list[str], rounds: int, iters: int) -> dict[str, Any]:
     calibration = calibrate_host()
     link, collective, host = calibration["link"], calibration["collective"], calibration["details"]["host"]
     print(f"this host: loopback {link['latency_us']:.0f} us one way, {link['bandwidth_gb_per_s']:.2f} GB/s; "
-          f"all-reduce as a ring on {collective['latency_us']:.0f} us, {collective['bandwidth_gb_per_s']:.2f} GB/s; "
+          f"all-reduce in training as a ring on {collective['latency_us']:.0f} us, "
+          f"{collective['bandwidth_gb_per_s']:.2f} GB/s; "
           f"a pipeline's ops x{host['compute_scale']:.2f} per sample, x{host.get('fwd_call_scale') or 0:.2f}/"
           f"x{host.get('bwd_call_scale') or 0:.2f} per call, actions +{host['fwd_action_overhead_us']:.0f}/"
           f"+{host['bwd_action_overhead_us']:.0f} us, step +{host['step_overhead_us']:.0f} us (fit error "
@@ -292,7 +305,9 @@ def across(recordings: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "median_abs_errors_fastest_round": fastest_round,
                      "within_15_fastest_round": sum(error <= 0.15 for error in fastest_round),
                      "fastest_agrees": sum(summary["fastest_agrees"] for summary in found),
-                     "kendall_tau": [summary["kendall_tau"] for summary in found], "recordings": len(found)})
+                     "kendall_tau": [summary["kendall_tau"] for summary in found], "recordings": len(found),
+                     **{f"median_over_recordings_{variant}": statistics.median(
+                         summary[f"median_abs_error_{variant}"] for summary in found) for variant in VARIANTS}})
     return rows
 
 
@@ -319,7 +334,8 @@ def main() -> None:
         print(f"{row['model']}: median |error| per recording {errors} (median {row['median_over_recordings']:.0%}; "
               f"within 15% in {row['within_15']} of {row['recordings']}; against each plan's fastest round within "
               f"15% in {row['within_15_fastest_round']}); fastest agrees in {row['fastest_agrees']} of "
-              f"{row['recordings']}")
+              f"{row['recordings']}; the same recordings simulated with the all-reduce measured alone "
+              f"{row['median_over_recordings_collective_alone']:.0%}")
     Path(args.out).write_text(json.dumps({"world_size": WORLD, "batch": BATCH, "rounds": args.rounds,
                                           "iters": args.iters, "across_recordings": summary,
                                           "recordings": recordings}))

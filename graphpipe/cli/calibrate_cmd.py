@@ -26,10 +26,11 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "calibrate", help="measure this host for the local-cpu cluster (kept, and used by plan, simulate, train)",
         description="Profile a reference model's ops on one thread, fit the cpu device's analytic model to them, "
-                    "train it on --workers processes at once to measure the runtime's overheads and the slowdown "
-                    "of workers computing together, and measure gloo's point-to-point and all-reduce over "
-                    "loopback. The result is kept for this host; from then on the local-cpu cluster is this "
-                    "machine, and `graphpipe train` prints the simulated iteration beside the measured one. "
+                    "train it on --workers processes at once (as a pipeline and data parallel) to measure the "
+                    "runtime's overheads, the slowdown of workers computing together and the all-reduce as "
+                    "replicas meet it, and measure gloo's point-to-point and all-reduce over loopback. The result "
+                    "is kept for this host; from then on the local-cpu cluster is this machine, and `graphpipe "
+                    "train` prints the simulated iteration beside the measured one. "
                     "Run it on a quiet machine (about a minute). Without --model: mmt widened to "
                     f"{', '.join(f'{k}={v}' for k, v in REFERENCE.items())}, example batch {REFERENCE_BATCH}.")
     add_model_args(parser, default_model="mmt")
@@ -75,9 +76,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from graphpipe.cli.profile_cmd import powers_of_two_up_to
     from graphpipe.cost.calibrate import fit_device
     from graphpipe.cost.host_cache import CachedHost, save_host
-    from graphpipe.cost.host_calibration import HostCalibration, fit_host
     from graphpipe.cost.profile import profile
-    from graphpipe.runtime.host_timing import measure_adam_streaming, measure_runtime
+    from graphpipe.cost.training_collective import collective_in_training
+    from graphpipe.runtime.host_timing import measure_adam_streaming
     from graphpipe.runtime.loopback import measure_all_reduce, measure_link
 
     if args.model == "mmt" and not args.model_options:
@@ -90,23 +91,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     fit = fit_device(graph, table)
     _say(args, "timing Adam's step")
     step_bandwidth = measure_adam_streaming()
-    hosts: dict[int, HostCalibration] = {}
-    for workers in (1, args.workers):
-        _say(args, f"training it on {workers} process{'es as a pipeline and data parallel' if workers > 1 else ''}")
-        timings = measure_runtime(args.model, args.preset, model_options(args), graph.example_batch_size, sizes,
-                                  workers=workers, steps=args.steps)
-        if workers > 1:  # a plan on several workers pipelines, replicates, or both: fit one host to both
-            replicas = measure_runtime(args.model, args.preset, model_options(args), graph.example_batch_size, sizes,
-                                       workers=workers, steps=args.steps, data_parallel=True)
-            timings = [chain + replica for chain, replica in zip(timings, replicas)]
-        hosts[workers] = fit_host(timings, table, fit.device, step_bandwidth, alone=hosts.get(1))
+    hosts, replicas = _fit_hosts(args, table, fit.device, (sizes, graph.example_batch_size), step_bandwidth)
     host, single = hosts[args.workers], hosts[1]
     _say(args, "measuring gloo over loopback")
-    link, collective = measure_link(), measure_all_reduce()
+    link, alone = measure_link(), measure_all_reduce()
+    grad_bytes = sum(table.at(op, sizes[0]).param_bytes for op in table.entries)
+    collective = collective_in_training(replicas, grad_bytes, alone) if replicas else alone
     details = {"model": args.model, "preset": args.preset, "options": model_options(args),
                "micro_batch_sizes": list(sizes), "profile_spread": table.spread, "device_fit": str(fit),
                "device_fit_median_error": fit.median_rel_error, "host": host.to_dict(),
-               "host_single": single.to_dict()}
+               "host_single": single.to_dict(), "all_reduce_alone": alone.to_dict()}
     cached = CachedHost(device=host.device(fit.device), single_device=single.device(fit.device), link=link,
                         collective=collective, details=details)
     spread = max(host.iteration_spread, single.iteration_spread)
@@ -117,6 +111,27 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                         "machine, or keep it anyway with --keep-noisy")
     save_host(cached, Path(args.output) if args.output else None)
     return cached.to_dict()
+
+
+def _fit_hosts(args: argparse.Namespace, table: Any, device: Any, batches: tuple[tuple[int, ...], int],
+               step_bandwidth: float) -> tuple[dict[int, Any], list[list[Any]]]:
+    """The host fitted on one worker and on `--workers` (a pipeline and data parallel), and the replicas'
+    timings. `batches`: the micro-batch sizes and the example batch."""
+    from graphpipe.cost.host_calibration import HostCalibration, SizeTiming, fit_host
+    from graphpipe.runtime.host_timing import measure_runtime
+
+    hosts: dict[int, HostCalibration] = {}
+    replicas: list[list[SizeTiming]] = []
+    sizes, batch = batches
+    spec = (args.model, args.preset, model_options(args), batch)
+    for workers in (1, args.workers):
+        _say(args, f"training it on {workers} process{'es as a pipeline and data parallel' if workers > 1 else ''}")
+        timings = measure_runtime(*spec, sizes, workers=workers, steps=args.steps)
+        if workers > 1:  # a plan on several workers pipelines, replicates, or both: fit one host to both
+            replicas = measure_runtime(*spec, sizes, workers=workers, steps=args.steps, data_parallel=True)
+            timings = [chain + replica for chain, replica in zip(timings, replicas)]
+        hosts[workers] = fit_host(timings, table, device, step_bandwidth, alone=hosts.get(1))
+    return hosts, replicas
 
 
 def _say(args: argparse.Namespace, text: str) -> None:
@@ -144,7 +159,9 @@ def _report(data: dict[str, Any], path: Path, as_json: bool) -> None:
               f"per optimizer step +{fitted['step_overhead_us']:.0f} us (fit error {fitted['median_rel_error']:.0%})")
     print(f"  Adam streams its state at {host.get('step_bandwidth_gb_per_s', 0):.2f} GB/s")
     print(f"  gloo point-to-point: {link['latency_us']:.0f} us, {link['bandwidth_gb_per_s']:.2f} GB/s; all-reduce "
-          f"as a ring on {collective['latency_us']:.0f} us, {collective['bandwidth_gb_per_s']:.2f} GB/s")
+          f"in training as a ring on {collective['latency_us']:.0f} us, {collective['bandwidth_gb_per_s']:.2f} GB/s"
+          + (f" (on its own {alone['latency_us']:.0f} us: the replicas wait for each other)"
+             if (alone := details.get("all_reduce_alone")) and alone["latency_us"] < collective["latency_us"] else ""))
     spread = max(host["iteration_spread"], details["host_single"]["iteration_spread"])
     if spread > NOISY_SPREAD:
         print(f"warning: the timed iterations spread {spread:.0%} (above {NOISY_SPREAD:.0%}): "

@@ -56,6 +56,7 @@ class SizeTiming:
     iteration_ms: float
     iteration_spread: float  # (p90 - p10) / median of the timed iterations
     ops: tuple[str, ...] = ()  # the ops this rank ran (its stage's); empty: every op of the profile
+    all_reduce_ms: float = 0.0  # the gradients' all-reduce, waits for the other replicas included (0: none)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

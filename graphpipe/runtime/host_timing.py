@@ -1,13 +1,16 @@
 """Time the runtime as it runs a pipeline on this host, for `graphpipe.cost.host_calibration.fit_host`.
 
-`workers` gloo ranks (one thread each) train the reference model as a chain of `workers` stages, one rank
-each, at each micro-batch size: the pipeline a plan runs, with its sends and receives, its stages computing
-at once; or (`data_parallel`) as one stage on all of them, every rank computing the same ops at the same
-time and all-reducing the gradients. The sizes take turns, one iteration each per round. Per rank and size
-it reports the medians of each forward and backward action (a send counts with the compute that produced
-it: the host copies and posts it before the next action), of the optimizer step, and of the iteration's
-time outside every action (clearing gradients, slicing the batch); waits for a receive are the schedule's,
-which the simulator plays, and are left out.
+`workers` gloo ranks (one thread each) train the reference model as the sequential planner's plan of it on
+every rank at each micro-batch size (at micro-batch 1 a chain of `workers` stages, one rank each: the
+pipeline a plan runs, with its sends and receives, its stages computing at once; from micro-batch 2 on the
+planner replicates the model); or (`data_parallel`) as one stage on all of them, every rank computing the
+same ops at the same time and all-reducing the gradients. The sizes take turns, one iteration each per
+round. Per rank and size it reports the medians of each forward and backward action (a send counts with
+the compute that produced it: the host copies and posts it before the next action), of the optimizer step,
+of the gradients' all-reduce (a replica's wait for the others included:
+`graphpipe.cost.training_collective`), and of the iteration's time outside every action (clearing
+gradients, slicing the batch); waits for a receive are the schedule's, which the simulator plays, and are
+left out.
 """
 
 from __future__ import annotations
@@ -91,20 +94,22 @@ def _size_timing(stage: Any, rows: list[dict[str, float]]) -> SizeTiming:
                       bwd_ms=statistics.median(row["bwd"] for row in rows),
                       step_ms=statistics.median(row["step"] for row in rows),
                       outside_ms=statistics.median(row["outside"] for row in rows),
+                      all_reduce_ms=statistics.median(row["all_reduce"] for row in rows),
                       iteration_ms=statistics.median(walls),
                       iteration_spread=(deciles[-1] - deciles[0]) / statistics.median(walls))
 
 
 def _timed_step(trainer: Any, zoo: Any) -> dict[str, float]:
-    """One iteration: per forward and backward action (with the sends they post), the step, the rest (ms)."""
+    """One iteration: per forward and backward action (with the sends they post), the step, the gradients'
+    all-reduce, the rest (ms)."""
     from graphpipe.schedule.action import ActionKind
 
     start = time.perf_counter()
     trainer.step(zoo.inputs, zoo.targets, reduce_loss=False)
     wall = (time.perf_counter() - start) * 1e3
     kinds = {ActionKind.FORWARD: "fwd", ActionKind.SEND_ACT: "fwd", ActionKind.BACKWARD: "bwd",
-             ActionKind.SEND_GRAD: "bwd", ActionKind.STEP: "step"}
-    totals = {"fwd": 0.0, "bwd": 0.0, "step": 0.0, "actions": 0.0}
+             ActionKind.SEND_GRAD: "bwd", ActionKind.STEP: "step", ActionKind.ALL_REDUCE: "all_reduce"}
+    totals = {"fwd": 0.0, "bwd": 0.0, "step": 0.0, "all_reduce": 0.0, "actions": 0.0}
     counts = {"fwd": 0, "bwd": 0}
     for event in trainer.executor.events:
         ms = (event.end_s - event.start_s) * 1e3
@@ -115,7 +120,7 @@ def _timed_step(trainer: Any, zoo: Any) -> dict[str, float]:
         if event.action.kind in (ActionKind.FORWARD, ActionKind.BACKWARD):
             counts["fwd" if event.action.kind is ActionKind.FORWARD else "bwd"] += 1
     return {"wall": wall, "fwd": totals["fwd"] / max(1, counts["fwd"]), "bwd": totals["bwd"] / max(1, counts["bwd"]),
-            "step": totals["step"], "outside": wall - totals["actions"]}
+            "step": totals["step"], "all_reduce": totals["all_reduce"], "outside": wall - totals["actions"]}
 
 
 def _adam(params: Any) -> Any:

@@ -71,6 +71,7 @@ def test_calibrate_then_plan_on_local_cpu(tmp_path: Path, monkeypatch: pytest.Mo
     assert kept["device"]["name"] == "cpu-host" and kept["details"]["host"]["workers"] == 2
     assert kept["details"]["host_single"]["workers"] == 1 and kept["single_device"]["name"] == "cpu-host"
     assert kept["link"]["bandwidth_gb_per_s"] > 0 and kept["collective"]["latency_us"] > 0
+    assert kept["collective"]["latency_us"] >= kept["details"]["all_reduce_alone"]["latency_us"]
     plan_path = tmp_path / "plan.json"
     assert run_command(plan_cmd, ["plan", "--model", "toy_chain", "--cluster", "local-cpu", "--devices", "2",
                                   "-o", str(plan_path)]) == 0
@@ -78,6 +79,7 @@ def test_calibrate_then_plan_on_local_cpu(tmp_path: Path, monkeypatch: pytest.Mo
     assert cluster.device.to_dict() == kept["device"] and cluster.collective == Link.from_dict(kept["collective"])
     capsys.readouterr()
     assert run_command(calibrate_cmd, ["calibrate", "--show"]) == 0
-    assert "workers (a pipeline, data parallel): ops' per-sample time x" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "workers (a pipeline, data parallel): ops' per-sample time x" in shown and "all-reduce in training" in shown
     assert run_command(calibrate_cmd, ["calibrate", "--remove"]) == 0
     assert load_host() is None and Cluster.preset("local-cpu", 2).device == DEVICE_PRESETS["cpu"]

@@ -117,25 +117,25 @@ def prepare(name: str, ping: dict[str, float], calibration: dict[str, Any] | Non
     hosts = {world: HostCalibration(**calibration["details"]["host" if world > 1 else "host_single"])
              for world in (1, WORLD)}
     one_tables = {"measured": measured, "fitted": costs}
+    tables = {world: {"measured": host.costs(measured), "fitted": costs} for world, host in hosts.items()}
     # the calibration as kept, and beside it with the all-reduce link timed alone (same host, same run)
-    variants = {"simulated_s": collective, "simulated_collective_alone_s": alone}
+    clusters = {(world, key): dataclasses.replace(one, device=host.device(fit.device), intra_node=link,
+                                                  inter_node=link, collective=reduce_on)
+                for world, host in hosts.items()
+                for key, reduce_on in (("simulated_s", collective), ("simulated_collective_alone_s", alone))}
     rows = []
     for candidate in candidates(graph, costs, plain):
+        world = min(candidate.world_size, WORLD)
         row = {"plan": candidate.to_dict(), "label": label(candidate),
                "simulated_one_process_s": predict(candidate, one_tables, one, fit.device, TERMS)}
-        for key, reduce_on in variants.items():
-            host_model = hosts[min(candidate.world_size, WORLD)]
-            on_host = dataclasses.replace(one, device=host_model.device(fit.device), intra_node=link,
-                                          inter_node=link, collective=reduce_on)
-            row[key] = predict(candidate, {"measured": host_model.costs(measured), "fitted": costs}, on_host,
-                               fit.device, TERMS, alone)
+        for (on_world, key), on_host in clusters.items():
+            if on_world == world:
+                row[key] = predict(candidate, tables[world], on_host, fit.device, TERMS, alone)
         rows.append(row)
-    host = hosts[WORLD]
-    cluster = dataclasses.replace(one, device=host.device(fit.device), intra_node=link, inter_node=link,
-                                  collective=collective)
+    host, cluster = hosts[WORLD], clusters[(WORLD, "simulated_s")]
     return {"model": name, "options": MODELS[name], "calibration": str(fit), "host": host.to_dict(),
             "cluster": cluster.to_dict(), "one_process_cluster": one.to_dict(), "overheads": overheads,
-            "candidates": rows, "measured_table": host.costs(measured)}
+            "candidates": rows, "measured_table": tables[WORLD]["measured"]}
 
 
 def candidates(graph: Any, costs: Any, cluster: Any) -> list[Plan]:

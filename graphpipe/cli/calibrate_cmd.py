@@ -10,10 +10,15 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from graphpipe.cli.common import add_model_args, capture_from_args, model_options, positive_int, print_json
 from graphpipe.errors import CostError
+
+if TYPE_CHECKING:
+    from graphpipe.cost.cluster import Device
+    from graphpipe.cost.cost_table import CostTable
+    from graphpipe.cost.host_calibration import HostCalibration, SizeTiming
 
 NOISY_SPREAD = 0.25  # above this, the iterations a calibration timed were disturbed: it says so
 # The reference model when none is named: mmt's tiny preset widened so that its ops' compute, not the per-kernel
@@ -113,11 +118,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return cached.to_dict()
 
 
-def _fit_hosts(args: argparse.Namespace, table: Any, device: Any, batches: tuple[tuple[int, ...], int],
-               step_bandwidth: float) -> tuple[dict[int, Any], list[list[Any]]]:
+def _fit_hosts(args: argparse.Namespace, table: CostTable, device: Device, batches: tuple[tuple[int, ...], int],
+               step_bandwidth: float) -> tuple[dict[int, HostCalibration], list[list[SizeTiming]]]:
     """The host fitted on one worker and on `--workers` (a pipeline and data parallel), and the replicas'
     timings. `batches`: the micro-batch sizes and the example batch."""
-    from graphpipe.cost.host_calibration import HostCalibration, SizeTiming, fit_host
+    from graphpipe.cost.host_calibration import fit_host
     from graphpipe.runtime.host_timing import measure_runtime
 
     hosts: dict[int, HostCalibration] = {}
